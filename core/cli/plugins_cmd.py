@@ -1,0 +1,151 @@
+"""``host plugins ...`` and ``host platform``: what is installed, what loads where, and why."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from host.core.plugins.groups import GROUPS, PROCESSES, groups_for
+from host.core.plugins.manager import FAILED, REGISTRY_HOOK, PluginError, PluginHost, get_plugin_host
+from host.core.plugins.settings import PluginSettings
+
+plugins_app = typer.Typer(help="Inspect installed plugins.", no_args_is_help=True)
+
+PluginsOpt = typer.Option(None, "--plugins", help="Allowlist of third-party plugins (comma separated; '' loads none). Default: HOST_PLUGINS.")
+BlockOpt = typer.Option(None, "--block-plugins", help="Plugins never to load, built-ins included. Default: HOST_BLOCK_PLUGINS.")
+StrictOpt = typer.Option(None, "--strict-plugins/--no-strict-plugins", help="Make any plugin failure fatal. Default: HOST_STRICT_PLUGINS.")
+
+
+def inspect_host(plugins: str | None, block_plugins: str | None, strict: bool | None, platform: str | None = None) -> PluginHost:
+    """Load every group in this (CLI) process without raising, to report on all of them."""
+    settings = PluginSettings.from_env(plugins=plugins, block_plugins=block_plugins, strict=strict, platform=platform)
+    host = get_plugin_host(settings) if plugins is None and block_plugins is None and strict is None and platform is None else PluginHost(settings)
+    host.load_groups(GROUPS, raise_on_fatal=False)
+    for kind in REGISTRY_HOOK:
+        try:
+            host.registry(kind)
+        except PluginError:
+            pass  # recorded on the plugin; shown in the listing
+    return host
+
+
+def _rows(host: PluginHost, group: str | None, process: str | None) -> list[dict[str, Any]]:
+    if group is not None and group not in GROUPS:
+        raise typer.BadParameter(f"unknown group {group!r}; expected one of {', '.join(GROUPS)}", param_hint="--group")
+    if process is not None and process not in PROCESSES:
+        raise typer.BadParameter(f"unknown process {process!r}; expected one of {', '.join(PROCESSES)}", param_hint="--process")
+    wanted = set(groups_for(process)) if process else set(GROUPS)
+    rows = []
+    for record in host.list_records():
+        if record.group not in wanted or (group is not None and record.group != group):
+            continue
+        rows.append(record.to_dict())
+    return rows
+
+
+@plugins_app.command("list")
+def list_plugins(
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    group: Optional[str] = typer.Option(None, "--group", help="Only this entry-point group (e.g. host.platforms)."),
+    process: Optional[str] = typer.Option(None, "--process", help="Only groups this process loads: api, engine or worker."),
+    show_all: bool = typer.Option(False, "--all", help="Also show what each plugin registered and groups with no plugin."),
+    plugins: Optional[str] = PluginsOpt,
+    block_plugins: Optional[str] = BlockOpt,
+    strict: Optional[bool] = StrictOpt,
+) -> None:
+    """List every discovered plugin: group, distribution, processes, status and hooks."""
+    host = inspect_host(plugins, block_plugins, strict)
+    rows = _rows(host, group, process)
+    unknown = host.unknown_allowlisted()
+    if as_json:
+        payload: dict[str, Any] = {"plugins": rows, "unknown_allowlisted": unknown}
+        if show_all:
+            payload["groups"] = {
+                name: {"processes": list(g.processes), "lazy_in": list(g.lazy_in), "summary": g.summary}
+                for name, g in GROUPS.items()
+            }
+        typer.echo(json.dumps(payload, indent=2))
+        return
+    console = Console(width=max(Console().width, 160))
+    table = Table(title="host plugins", show_lines=False)
+    for col in ("name", "group", "distribution", "version", "source", "processes", "status", "hooks"):
+        table.add_column(col)
+    for row in rows:
+        status = row["status"] + (f": {row['reason']}" if row["reason"] else "")
+        style = {"loaded": "green", "failed": "red", "blocked": "yellow"}.get(row["status"], "dim")
+        hooks = ", ".join(row["hooks"])
+        if show_all and row["registered"]:
+            hooks += "\n  registers: " + ", ".join(row["registered"])
+        table.add_row(
+            row["name"], row["group"], row["distribution"], row["version"], row["source"],
+            ",".join(row["processes"]), f"[{style}]{status}[/{style}]", hooks,
+        )
+    console.print(table)
+    if show_all:
+        present = {r["group"] for r in rows}
+        for name, g in GROUPS.items():
+            if name not in present:
+                console.print(f"[dim]{name}: no plugin installed ({g.summary}; processes: {','.join(g.processes)})[/dim]")
+    for name in unknown:
+        console.print(f"[red]allowlisted name {name!r} matches no installed plugin[/red]")
+
+
+@plugins_app.command("check")
+def check_plugins(
+    plugins: Optional[str] = PluginsOpt,
+    block_plugins: Optional[str] = BlockOpt,
+    strict: Optional[bool] = StrictOpt,
+) -> None:
+    """Exit non-zero if an allowlisted (or built-in) plugin failed or an allowlisted name is unknown."""
+    host = inspect_host(plugins, block_plugins, strict)
+    problems = [f"allowlisted name {n!r} matches no installed plugin" for n in host.unknown_allowlisted()]
+    for r in host.list_records():
+        if r.status == FAILED and r.fatal:
+            problems.append(f"{r.name} ({r.group}, {r.distribution}) failed: {r.reason}")
+    warnings = [f"{r.name} ({r.group}) failed: {r.reason}" for r in host.list_records() if r.status == FAILED and not r.fatal]
+    for w in warnings:
+        typer.echo(f"warning: {w}", err=True)
+    if problems:
+        for p in problems:
+            typer.echo(f"error: {p}", err=True)
+        raise typer.Exit(code=1)
+    loaded = sum(1 for r in host.list_records() if r.status == "loaded")
+    typer.echo(f"ok: {loaded} plugins load cleanly")
+
+
+def platform_cmd(
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    platform: Optional[str] = typer.Option(None, "--platform", help="Force a platform by name. Default: HOST_PLATFORM."),
+    plugins: Optional[str] = PluginsOpt,
+    block_plugins: Optional[str] = BlockOpt,
+) -> None:
+    """Print the platform this machine resolves to, and why."""
+    from host.core.plugins.platform import PlatformResolutionError, resolve_platform
+
+    settings = PluginSettings.from_env(plugins=plugins, block_plugins=block_plugins, platform=platform)
+    host = PluginHost(settings)
+    try:
+        host.load_groups(["host.general", "host.platforms"])
+        res = resolve_platform(host)
+    except (PlatformResolutionError, PluginError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=1)
+    if as_json:
+        typer.echo(json.dumps(res.to_dict(), indent=2))
+        return
+    console = Console()
+    console.print(f"[bold]{res.platform.name}[/bold]: {res.reason}")
+    for key, value in res.platform.describe().items():
+        console.print(f"  {key}: {value}")
+    table = Table(title="platform probes")
+    for col in ("platform", "plugin", "source", "detected", "error"):
+        table.add_column(col)
+    for p in res.probes:
+        table.add_row(p.name, p.plugin.split(":", 1)[-1], "builtin" if p.builtin else "third-party", str(p.detected), p.error)
+    console.print(table)
+    sys.stdout.flush()

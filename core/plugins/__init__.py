@@ -1,0 +1,21 @@
+"""The plugin host: per-process discovery and loading of entry-point plugins."""
+
+from host.core.plugins.manager import (
+    PluginConfigError,
+    PluginError,
+    PluginHost,
+    PluginRecord,
+    bootstrap_process,
+    get_plugin_host,
+)
+from host.core.plugins.settings import PluginSettings
+
+__all__ = [
+    "PluginConfigError",
+    "PluginError",
+    "PluginHost",
+    "PluginRecord",
+    "PluginSettings",
+    "bootstrap_process",
+    "get_plugin_host",
+]

@@ -1,0 +1,158 @@
+"""Platform resolution: which :class:`host.sdk.Platform` this process runs on, and why.
+
+Rules, in order:
+
+1. ``HOST_PLATFORM`` / ``--platform NAME`` forces the platform whose ``name`` (or plugin
+   entry-point name) is NAME; an unknown name is an error listing the registered ones.
+2. Exactly one detected third-party platform wins over the built-ins.
+3. Two or more detected third-party platforms are an error naming them all and the override.
+4. Among built-ins, ``cuda`` and ``rocm`` are preferred over ``cpu``.
+
+A ``detect()`` that raises counts as "not here", and the exception is kept in the resolution so
+``host platform`` shows it instead of hiding it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from host.core.plugins.groups import PLATFORMS_GROUP
+from host.core.plugins.manager import PluginHost, get_plugin_host
+from host.sdk.platform import Platform, UnspecifiedPlatform
+
+logger = logging.getLogger("host.platform")
+
+BUILTIN_ORDER = ("cuda", "rocm", "cpu")
+
+
+class PlatformResolutionError(RuntimeError):
+    """No single platform can be chosen; the message says how to choose one."""
+
+
+@dataclass
+class PlatformProbe:
+    """The answer of one registered platform class to ``detect()``."""
+
+    name: str
+    plugin: str
+    builtin: bool
+    detected: bool
+    error: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "plugin": self.plugin,
+            "builtin": self.builtin,
+            "detected": self.detected,
+            "error": self.error,
+        }
+
+
+@dataclass
+class PlatformResolution:
+    """The chosen platform plus every probe and the reason it won."""
+
+    platform: Platform
+    reason: str
+    probes: list[PlatformProbe] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "platform": self.platform.describe(),
+            "reason": self.reason,
+            "probes": [p.to_dict() for p in self.probes],
+        }
+
+
+def probe_platforms(host: PluginHost) -> tuple[list[PlatformProbe], dict[str, type[Platform]]]:
+    """Ask every registered platform class whether its hardware is here."""
+    registry = host.registry("platforms")
+    probes: list[PlatformProbe] = []
+    for name, cls in registry.items():
+        plugin = host.registry_owner("platforms", name)
+        record = host.records.get(plugin)
+        builtin = bool(record.builtin) if record is not None else False
+        try:
+            detected = bool(cls.detect())
+            error = ""
+        except Exception as exc:  # noqa: BLE001 - recorded and shown, not swallowed
+            detected, error = False, f"{type(exc).__name__}: {exc}"
+            logger.warning("platform %s: detect() raised %s", name, error)
+        probes.append(PlatformProbe(name, plugin, builtin, detected, error))
+    return probes, registry
+
+
+def resolve_platform(host: PluginHost, forced: str | None = None) -> PlatformResolution:
+    """Apply the resolution rules to the loaded platform plugins."""
+    host.load_groups([PLATFORMS_GROUP])
+    probes, registry = probe_platforms(host)
+    forced = forced if forced is not None else host.settings.platform
+    if forced:
+        for probe in probes:
+            plugin_name = probe.plugin.split(":", 1)[-1]
+            if forced in (probe.name, plugin_name):
+                cls = registry[probe.name]
+                note = "" if probe.detected else " (its detect() said the hardware is not here)"
+                return PlatformResolution(cls(), f"forced by --platform / HOST_PLATFORM={forced}{note}", probes)
+        raise PlatformResolutionError(
+            f"--platform / HOST_PLATFORM={forced!r} matches no registered platform; "
+            f"registered: {', '.join(p.name for p in probes) or 'none'}"
+        )
+    third_party = [p for p in probes if p.detected and not p.builtin]
+    if len(third_party) > 1:
+        names = ", ".join(f"{p.name} (plugin {p.plugin.split(':', 1)[-1]})" for p in third_party)
+        raise PlatformResolutionError(
+            f"more than one third-party platform detected its hardware: {names}. Choose one with "
+            f"--platform NAME or HOST_PLATFORM=NAME (e.g. HOST_PLATFORM={third_party[0].name}), or "
+            "block the others with --block-plugins"
+        )
+    if third_party:
+        p = third_party[0]
+        return PlatformResolution(registry[p.name](), f"third-party platform {p.name} detected its hardware", probes)
+    builtins = {p.name: p for p in probes if p.detected and p.builtin}
+    accel = [n for n in BUILTIN_ORDER[:-1] if n in builtins]
+    if len(accel) > 1:
+        raise PlatformResolutionError(
+            f"built-in platforms {', '.join(accel)} all detected hardware; choose one with "
+            "--platform NAME or HOST_PLATFORM=NAME"
+        )
+    for name in BUILTIN_ORDER:
+        if name in builtins:
+            return PlatformResolution(registry[name](), f"built-in platform {name} detected its hardware", probes)
+    other = [p for p in probes if p.detected]
+    if other:
+        return PlatformResolution(registry[other[0].name](), f"platform {other[0].name} detected its hardware", probes)
+    errors = "; ".join(f"{p.name}: {p.error}" for p in probes if p.error)
+    return PlatformResolution(
+        UnspecifiedPlatform(),
+        "no platform detected its hardware" + (f" (errors: {errors})" if errors else ""),
+        probes,
+    )
+
+
+_RESOLVED: dict[int, PlatformResolution] = {}
+
+
+def current_resolution() -> PlatformResolution:
+    """The resolution for this process, computed once (lazily: the API process loads the
+    platform group only when something first asks)."""
+    pid = os.getpid()
+    if pid not in _RESOLVED:
+        _RESOLVED.clear()
+        _RESOLVED[pid] = resolve_platform(get_plugin_host())
+        res = _RESOLVED[pid]
+        logger.info("Platform: %s (%s)", res.platform.name, res.reason)
+    return _RESOLVED[pid]
+
+
+def current_platform() -> Platform:
+    return current_resolution().platform
+
+
+def reset_current_platform() -> None:
+    """Forget the cached resolution (testing kit)."""
+    _RESOLVED.clear()

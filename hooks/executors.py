@@ -1,0 +1,19 @@
+"""Hooks of the ``host.executors`` family: how the engine drives its workers.
+
+Loaded in the engine process only.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from host.hooks.markers import hookspec
+
+
+@hookspec
+def host_register_executors(register: Callable[..., None]) -> None:
+    """Offer :class:`host.sdk.Executor` subclasses.
+
+    Call ``register(executor_class)``; ``--distributed-executor-backend NAME`` selects one by its
+    ``name`` (``uniproc`` when there is one worker).
+    """

@@ -1,0 +1,46 @@
+"""Hooks of the ``host.general`` family: loaded in every process (api, engine, worker).
+
+Any plugin module, whatever its group, may also implement these hooks. They run once per
+process, but in *every* process that loads them, so each implementation must be re-entrant:
+calling it a second time in a fresh process must give the same result without side effects
+piling up.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from host.hooks.markers import hookspec
+
+
+@hookspec
+def host_register_models(register: Callable[..., None]) -> None:
+    """Register model architectures with the host's model registry.
+
+    Call ``register(architecture, model_class)`` once per architecture, where ``architecture`` is
+    the string found in a Hugging Face ``config.json`` ``architectures`` list (for example
+    ``"LlamaForCausalLM"``) and ``model_class`` is the class itself or a lazy
+    ``"package.module:ClassName"`` string, which is imported only when a model of that
+    architecture is loaded. Registering a name that another plugin already registered is an
+    error naming both plugins.
+    """
+
+
+@hookspec
+def host_adjust_config(config: Any) -> None:
+    """Adjust the engine configuration in place before it is frozen.
+
+    Called in every process after command-line flags and environment variables are parsed and
+    before the platform validates the config. Change only fields you own; never replace the
+    object. Raise ``ValueError`` naming the field and the fix for a config you cannot serve.
+    """
+
+
+@hookspec
+def host_startup(process: str) -> None:
+    """Run a per-process side effect once the process has loaded its plugin groups.
+
+    ``process`` is ``"api"``, ``"engine"`` or ``"worker"``. The host calls this exactly once
+    per process, after every group of that process is loaded and validated; it is called again
+    in each new process, so it must be re-entrant.
+    """

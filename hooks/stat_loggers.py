@@ -1,0 +1,19 @@
+"""Hooks of the ``host.stat_loggers`` family: metrics sinks.
+
+Loaded in the API process only, where per-step engine stats are aggregated.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from host.hooks.markers import hookspec
+
+
+@hookspec
+def host_register_stat_loggers(register: Callable[..., None]) -> None:
+    """Offer :class:`host.sdk.StatLogger` subclasses.
+
+    Call ``register(logger_class)``. The host instantiates each once per engine and calls
+    ``record(...)`` after every engine step and ``log()`` periodically.
+    """

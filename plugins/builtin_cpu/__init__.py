@@ -1,0 +1,1 @@
+"""The built-in CPU platform: the default where no accelerator is found."""

@@ -1,0 +1,1 @@
+"""The built-in ROCm platform (AMD GPUs through HIP)."""

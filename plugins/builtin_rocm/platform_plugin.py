@@ -1,0 +1,14 @@
+"""Entry point ``host.platforms: rocm``."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from host.sdk import hookimpl
+
+
+@hookimpl
+def host_register_platforms(register: Callable[..., None]) -> None:
+    from host.plugins.builtin_rocm.platform import RocmPlatform
+
+    register(RocmPlatform)
