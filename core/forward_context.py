@@ -1,0 +1,49 @@
+"""The per-step context every attention layer reads: batch metadata and KV cache tensors.
+
+The model runner sets it around one forward pass; layers call :func:`get_forward_context`.
+Models therefore keep the plain ``forward(input_ids, positions)`` signature of a Hugging Face
+model, and the attention backend gets what it needs without threading arguments through
+every module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterator
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass
+class ForwardContext:
+    """What one forward pass needs beyond token ids and positions.
+
+    ``attn_metadata`` is the object the backend's metadata builder returned (shared by every
+    layer); ``kv_caches[i]`` is layer ``i``'s view into the KV buffer.
+    """
+
+    attn_metadata: Any
+    kv_caches: list["torch.Tensor"]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+_CONTEXT: contextvars.ContextVar[ForwardContext | None] = contextvars.ContextVar(
+    "host_forward_context", default=None
+)
+
+
+@contextlib.contextmanager
+def set_forward_context(ctx: ForwardContext | None) -> Iterator[None]:
+    token = _CONTEXT.set(ctx)
+    try:
+        yield
+    finally:
+        _CONTEXT.reset(token)
+
+
+def get_forward_context() -> ForwardContext | None:
+    """The context of the forward pass in progress, or ``None`` outside the model runner."""
+    return _CONTEXT.get()

@@ -1,0 +1,75 @@
+"""The attention layer models use: projections live in the model, this does the attention.
+
+Inside the model runner (a :class:`ForwardContext` is set) it delegates to the selected
+backend's :class:`AttentionImpl`, which writes K/V into the paged cache and attends over pages.
+Outside it (no context: a quick single-sequence forward, e.g. in a unit test or a profiling
+run) it computes plain causal attention over the given tokens as one sequence.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from host.core.forward_context import get_forward_context
+from host.sdk.attention import AttentionBackend
+
+
+class Attention(nn.Module):
+    """Multi-head / grouped-query attention over the paged KV cache of layer ``layer_idx``."""
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_size: int,
+        num_kv_heads: int,
+        scale: float,
+        layer_idx: int,
+        backend: type[AttentionBackend] | None = None,
+        sliding_window: int | None = None,
+    ) -> None:
+        super().__init__()
+        if num_heads % num_kv_heads:
+            raise ValueError(
+                f"num_attention_heads={num_heads} must be a multiple of num_key_value_heads={num_kv_heads}"
+            )
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.num_kv_heads = num_kv_heads
+        self.scale = scale
+        self.layer_idx = layer_idx
+        self.sliding_window = sliding_window
+        self.impl = (
+            backend.get_impl_cls()(num_heads, head_size, scale, num_kv_heads, sliding_window)
+            if backend is not None
+            else None
+        )
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """``q``: [num_tokens, num_heads * head_size]; ``k``/``v``: [num_tokens, num_kv_heads *
+        head_size]. Returns [num_tokens, num_heads * head_size]."""
+        n = q.shape[0]
+        q = q.view(n, self.num_heads, self.head_size)
+        k = k.view(n, self.num_kv_heads, self.head_size)
+        v = v.view(n, self.num_kv_heads, self.head_size)
+        ctx = get_forward_context()
+        if ctx is None or self.impl is None:
+            out = self._dense_causal(q, k, v)
+        else:
+            out = self.impl.forward(q, k, v, ctx.kv_caches[self.layer_idx], ctx.attn_metadata)
+        return out.reshape(n, self.num_heads * self.head_size)
+
+    def _dense_causal(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        n = q.shape[0]
+        rep = self.num_heads // self.num_kv_heads
+        k = k.repeat_interleave(rep, dim=1)
+        v = v.repeat_interleave(rep, dim=1)
+        mask = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+        if self.sliding_window is not None:
+            idx = torch.arange(n, device=q.device)
+            mask &= (idx[:, None] - idx[None, :]) < self.sliding_window
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=self.scale
+        )
+        return out.transpose(0, 1)

@@ -1,0 +1,23 @@
+"""Built-in model architectures (entry point ``host.general: builtin_models``).
+
+Registered as lazy ``"module:Class"`` strings so no model code is imported until a model of
+that architecture is loaded. The implementation lives in ``host.core.models``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from host.sdk import hookimpl
+
+ARCHITECTURES = {
+    "LlamaForCausalLM": "host.core.models.llama:LlamaForCausalLM",
+    "Qwen2ForCausalLM": "host.core.models.llama:Qwen2ForCausalLM",
+    "Qwen3ForCausalLM": "host.core.models.llama:Qwen3ForCausalLM",
+}
+
+
+@hookimpl
+def host_register_models(register: Callable[..., None]) -> None:
+    for arch, target in ARCHITECTURES.items():
+        register(arch, target)
