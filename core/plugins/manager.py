@@ -262,6 +262,11 @@ class PluginHost:
             # mark first: a failure is never retried in this process
             self.loaded_groups.add(group)
             self._load_group(group)
+            if self.roles:
+                # a group loaded after start-up (lazily): its plugins still get host_startup
+                late = {r_key for r_key, r in self.records.items() if r.group == group and r.status == LOADED}
+                for role in self.roles:
+                    self.call_each("host_startup", _only=late, process=role)
         self._invalidate()
         self._raise_fatal(raise_on_fatal)
 
@@ -403,15 +408,18 @@ class PluginHost:
     def _record_for_plugin(self, plugin_name: str) -> PluginRecord | None:
         return self.records.get(plugin_name)
 
-    def call_each(self, hook_name: str, **kwargs: Any) -> list[tuple[str, Any]]:
+    def call_each(self, hook_name: str, _only: set[str] | None = None, **kwargs: Any) -> list[tuple[str, Any]]:
         """Call every implementation of ``hook_name`` separately, in pluggy order.
 
         A raising implementation is recorded as a failure of its plugin and unregistered; the
-        others still run. Returns ``(plugin_key, result)`` pairs.
+        others still run. ``_only`` limits the call to those plugin keys. Returns
+        ``(plugin_key, result)`` pairs.
         """
         caller = getattr(self.pm.hook, hook_name)
         results: list[tuple[str, Any]] = []
         for impl in reversed(caller.get_hookimpls()):  # pluggy calls the last registered first
+            if _only is not None and impl.plugin_name not in _only:
+                continue
             if self.settings.trace:
                 trace_logger.info("call %s -> %s(%s)", impl.plugin_name, hook_name, _fmt_kwargs(kwargs))
             start = time.perf_counter()

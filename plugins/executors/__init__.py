@@ -1,1 +1,1 @@
-"""plugins/executors."""
+"""Built-in executors."""

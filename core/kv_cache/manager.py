@@ -1,0 +1,172 @@
+"""The scheduler's view of the KV cache: which blocks each request owns, prefix-cache lookups,
+and slot allocation for the tokens scheduled in a step."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from host.core.kv_cache.block_pool import BlockPool, KVCacheBlock, PrefixCacheStats
+from host.core.kv_cache.spec import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    SlidingWindowSpec,
+    check_kv_cache_specs,
+    register_kv_cache_manager,
+)
+from host.core.request import Request
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KVCacheManager:
+    """Per-request block tables over one :class:`BlockPool` (a single KV cache group: every layer
+    uses the same block ids).
+
+    Build it from a :class:`KVCacheConfig` or from ``num_blocks`` and ``block_size``.
+    ``num_blocks`` counts the reserved null block, so ``num_blocks - 1`` blocks are usable.
+    """
+
+    def __init__(
+        self,
+        kv_cache_config: KVCacheConfig | None = None,
+        *,
+        num_blocks: int | None = None,
+        block_size: int | None = None,
+        enable_caching: bool = True,
+        max_model_len: int | None = None,
+    ) -> None:
+        if kv_cache_config is not None:
+            if kv_cache_config.kv_cache_specs:
+                check_kv_cache_specs(kv_cache_config.kv_cache_specs)
+            num_blocks = kv_cache_config.num_blocks
+            block_size = kv_cache_config.block_size
+        if num_blocks is None or block_size is None:
+            raise ValueError("KVCacheManager needs a kv_cache_config or both num_blocks and block_size")
+        if block_size < 1:
+            raise ValueError(f"block_size={block_size} must be >= 1")
+        self.kv_cache_config = kv_cache_config
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.enable_caching = enable_caching
+        self.max_model_len = max_model_len
+        self.block_pool = BlockPool(num_blocks, enable_caching)
+        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        # how many leading blocks of each request are already in the prefix-cache map
+        self._num_cached_blocks: dict[str, int] = {}
+
+    # -- prefix cache -------------------------------------------------------------------------
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+        """The longest run of cached full blocks matching the request's prefix, and the number
+        of tokens they cover. At most ``num_tokens - 1`` tokens count as a hit: the last token is
+        always recomputed to get logits (a fully cached prompt drops its last block).
+
+        Looking up takes no references and counts no stats: pass the blocks to
+        :meth:`allocate_slots`, which records the lookup once the request is admitted.
+        """
+        if not self.enable_caching:
+            return [], 0
+        max_hit_blocks = min((request.num_tokens - 1) // self.block_size, len(request.block_hashes))
+        hit: list[KVCacheBlock] = []
+        get = self.block_pool.get_cached_block
+        for block_hash in request.block_hashes[:max_hit_blocks]:
+            block = get(block_hash)
+            if block is None:
+                break
+            hit.append(block)
+        return hit, len(hit) * self.block_size
+
+    # -- allocation ---------------------------------------------------------------------------
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        new_computed_blocks: Sequence[KVCacheBlock] | None = None,
+        num_new_computed_tokens: int = 0,
+    ) -> list[KVCacheBlock] | None:
+        """Make room for ``num_new_tokens`` more tokens of ``request`` (after its
+        ``num_computed_tokens`` plus ``num_new_computed_tokens`` prefix-hit tokens, whose blocks
+        are ``new_computed_blocks``). Returns the newly allocated blocks, or None (and changes
+        nothing) when there are not enough free blocks.
+
+        Layout: ``| computed | new_computed (prefix hit) | new (computed this step) |``.
+        Full blocks among the new tokens are added to the prefix cache right away: their KV is
+        written during this step, before any later step could read it.
+        """
+        if num_new_tokens <= 0:
+            raise ValueError(f"num_new_tokens={num_new_tokens} must be > 0")
+        new_computed_blocks = list(new_computed_blocks or ())
+        if num_new_computed_tokens != len(new_computed_blocks) * self.block_size:
+            raise ValueError(
+                f"num_new_computed_tokens={num_new_computed_tokens} does not match "
+                f"{len(new_computed_blocks)} prefix-hit blocks of {self.block_size} tokens"
+            )
+        req_id = request.request_id
+        req_blocks = self.req_to_blocks.get(req_id)
+        num_owned = len(req_blocks) if req_blocks else 0
+        if new_computed_blocks and num_owned:
+            raise ValueError(f"request {req_id!r} already owns blocks; prefix hits attach only at admission")
+
+        total_tokens = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
+        num_new_blocks = _cdiv(total_tokens, self.block_size) - num_owned - len(new_computed_blocks)
+        # prefix-hit blocks sitting in the free queue stop being allocatable once touched
+        num_evictable_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+        if num_new_blocks > self.block_pool.get_num_free_blocks() - num_evictable_hits:
+            return None
+
+        if req_blocks is None:
+            req_blocks = self.req_to_blocks[req_id] = []
+            if self.enable_caching:  # admission: count the prefix-cache lookup once
+                self.block_pool.prefix_cache_stats.record(request.num_tokens, num_new_computed_tokens)
+        if new_computed_blocks:
+            self.block_pool.touch(new_computed_blocks)
+            req_blocks.extend(new_computed_blocks)
+            self._num_cached_blocks[req_id] = len(new_computed_blocks)
+        new_blocks = self.block_pool.get_new_blocks(num_new_blocks) if num_new_blocks > 0 else []
+        req_blocks.extend(new_blocks)
+
+        if self.enable_caching:
+            num_full = min(total_tokens // self.block_size, len(request.block_hashes))
+            num_cached = self._num_cached_blocks.get(req_id, 0)
+            if num_full > num_cached:
+                self.block_pool.cache_full_blocks(req_blocks, request.block_hashes, num_cached, num_full)
+                self._num_cached_blocks[req_id] = num_full
+        return new_blocks
+
+    def free(self, request: Request) -> None:
+        """Release every block of ``request`` (tail first, so its tail is evicted first)."""
+        req_id = request.request_id
+        blocks = self.req_to_blocks.pop(req_id, None)
+        self._num_cached_blocks.pop(req_id, None)
+        if blocks:
+            self.block_pool.free_blocks(reversed(blocks))
+
+    # -- queries ------------------------------------------------------------------------------
+    def get_blocks(self, request_id: str) -> list[KVCacheBlock]:
+        return self.req_to_blocks.get(request_id, [])
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        return [b.block_id for b in self.req_to_blocks.get(request_id, ())]
+
+    @property
+    def usage(self) -> float:
+        """Fraction of usable blocks in use."""
+        return self.block_pool.get_usage()
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.block_pool.get_num_free_blocks()
+
+    @property
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        return self.block_pool.prefix_cache_stats
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached prefix; only works while no request holds blocks."""
+        return self.block_pool.reset_prefix_cache()
+
+
+register_kv_cache_manager(FullAttentionSpec, KVCacheManager)
+# with one KV cache group, sliding-window layers are allocated like full attention
+register_kv_cache_manager(SlidingWindowSpec, KVCacheManager)

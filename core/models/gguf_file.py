@@ -1,0 +1,161 @@
+"""Read a llama.cpp GGUF file as a Hugging Face config plus dequantized, HF-named tensors.
+
+One ``gguf.GGUFReader`` pass serves both the config and the tensors (opening a GGUF parses
+every metadata field, the whole tokenizer vocabulary included, which is the slow part).
+Quantized tensors are dequantized to float32 with ``gguf.quants.dequantize``; the q/k row
+permutation llama.cpp applies to Llama checkpoints is undone, so the tensors load into the
+same models as a Hugging Face checkpoint. Supported GGUF architectures: llama, qwen2, qwen3.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+# GGUF general.architecture -> (transformers model_type, our architecture name)
+GGUF_ARCHITECTURES = {
+    "llama": ("llama", "LlamaForCausalLM"),
+    "qwen2": ("qwen2", "Qwen2ForCausalLM"),
+    "qwen3": ("qwen3", "Qwen3ForCausalLM"),
+}
+
+# "{arch}.<key>" -> config attribute
+_CONFIG_KEYS = {
+    "block_count": "num_hidden_layers",
+    "context_length": "max_position_embeddings",
+    "embedding_length": "hidden_size",
+    "feed_forward_length": "intermediate_size",
+    "attention.head_count": "num_attention_heads",
+    "attention.head_count_kv": "num_key_value_heads",
+    "attention.layer_norm_rms_epsilon": "rms_norm_eps",
+    "attention.key_length": "head_dim",
+    "rope.freq_base": "rope_theta",
+    "vocab_size": "vocab_size",
+}
+_TOKEN_ID_KEYS = {
+    "tokenizer.ggml.bos_token_id": "bos_token_id",
+    "tokenizer.ggml.eos_token_id": "eos_token_id",
+    "tokenizer.ggml.padding_token_id": "pad_token_id",
+    "tokenizer.ggml.unknown_token_id": "unk_token_id",
+}
+
+_GLOBAL_TENSORS = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+_BLOCK_TENSORS = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_BLOCK_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
+
+
+def hf_tensor_name(gguf_name: str) -> str:
+    """The Hugging Face parameter name of a GGUF tensor (``blk.3.attn_q.weight`` ->
+    ``model.layers.3.self_attn.q_proj.weight``)."""
+    match = _BLOCK_RE.match(gguf_name)
+    if match is not None:
+        idx, part, kind = match.groups()
+        if part in _BLOCK_TENSORS:
+            return f"model.layers.{idx}.{_BLOCK_TENSORS[part]}.{kind}"
+    else:
+        base, _, kind = gguf_name.rpartition(".")
+        if base in _GLOBAL_TENSORS:
+            return f"{_GLOBAL_TENSORS[base]}.{kind}"
+    raise ValueError(f"GGUF tensor {gguf_name!r} has no Hugging Face equivalent in the supported architectures")
+
+
+def _unpermute_rows(weight: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's per-head interleaving of the RoPE halves in q/k projection rows."""
+    half = weight.shape[0] // n_head // 2
+    w = weight.reshape(n_head, half, 2, *weight.shape[1:])
+    return w.swapaxes(1, 2).reshape(weight.shape)
+
+
+class GGUFCheckpoint:
+    """An opened GGUF file: :meth:`hf_config` and :meth:`tensors` with Hugging Face names."""
+
+    def __init__(self, path: str) -> None:
+        try:
+            from gguf import GGUFReader
+        except ImportError as exc:  # pragma: no cover - depends on the environment
+            raise ImportError(
+                "reading a .gguf model needs the 'gguf' package: pip install gguf"
+            ) from exc
+        self.path = path
+        self.reader = GGUFReader(path)
+        self.arch = str(self._field("general.architecture"))
+        if self.arch not in GGUF_ARCHITECTURES:
+            raise ValueError(
+                f"GGUF architecture {self.arch!r} in {path} is not supported; supported: "
+                f"{', '.join(GGUF_ARCHITECTURES)} (or convert the model to a Hugging Face directory)"
+            )
+        names = {t.name for t in self.reader.tensors}
+        if "rope_freqs.weight" in names:
+            raise ValueError(
+                f"{path} stores Llama-3 RoPE scaling as a rope_freqs tensor, which cannot be mapped "
+                "back to rope_scaling parameters; use the Hugging Face checkpoint directory instead"
+            )
+        self.tied = "output.weight" not in names
+
+    def _field(self, key: str, default: Any = None) -> Any:
+        field = self.reader.fields.get(key)
+        return default if field is None else field.contents()
+
+    def hf_config(self) -> Any:
+        """A ``transformers`` config equivalent to the model's ``config.json``."""
+        from transformers import AutoConfig
+
+        model_type, architecture = GGUF_ARCHITECTURES[self.arch]
+        kwargs: dict[str, Any] = {}
+        for key, attr in _CONFIG_KEYS.items():
+            value = self._field(f"{self.arch}.{key}")
+            if value is not None:
+                kwargs[attr] = value
+        for key, attr in _TOKEN_ID_KEYS.items():
+            value = self._field(key)
+            if value is not None:
+                kwargs[attr] = value
+        if "vocab_size" not in kwargs:
+            tokens = self.reader.fields.get("tokenizer.ggml.tokens")
+            if tokens is not None:
+                kwargs["vocab_size"] = len(tokens.data)
+        scaling_type = self._field(f"{self.arch}.rope.scaling.type")
+        if scaling_type and scaling_type != "none":
+            scaling: dict[str, Any] = {"rope_type": scaling_type}
+            factor = self._field(f"{self.arch}.rope.scaling.factor")
+            if factor is not None:
+                scaling["factor"] = float(factor)
+            original = self._field(f"{self.arch}.rope.scaling.original_context_length")
+            if original is not None:
+                scaling["original_max_position_embeddings"] = int(original)
+            kwargs["rope_scaling"] = scaling
+        kwargs["tie_word_embeddings"] = self.tied
+        kwargs["architectures"] = [architecture]
+        return AutoConfig.for_model(model_type, **kwargs)
+
+    def tensors(self, dtype: torch.dtype = torch.float32) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every tensor, dequantized, with its Hugging Face name, one at a time."""
+        from gguf.quants import dequantize
+
+        n_head = int(self._field(f"{self.arch}.attention.head_count"))
+        n_kv_head = int(self._field(f"{self.arch}.attention.head_count_kv", n_head))
+        for tensor in self.reader.tensors:
+            name = hf_tensor_name(tensor.name)
+            array = np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+            if self.arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+                array = _unpermute_rows(array, n_head if "q_proj" in name else n_kv_head)
+            yield name, torch.from_numpy(np.array(array, dtype=np.float32, order="C")).to(dtype)

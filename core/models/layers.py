@@ -1,0 +1,214 @@
+"""Small building blocks shared by the decoder models: RMSNorm, SiLU-GLU, rotary embeddings.
+
+Numerics follow the Hugging Face reference implementations, so a model built from these blocks
+gives the same logits as ``transformers`` for the same weights: RMSNorm normalizes in float32
+and casts back before the weight multiply, and RoPE's cos/sin are computed in float32 and then
+cast to the model dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square layer norm (Llama, Qwen); also used per head for Qwen3's q/k norm."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6, dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        input_dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(input_dtype)
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)}, eps={self.eps}"
+
+
+class SiluAndMul(nn.Module):
+    """The gated activation of a SiLU-GLU MLP: ``silu(x[..., :d]) * x[..., d:]``.
+
+    Takes the output of the fused gate/up projection, so one matmul feeds both halves.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        d = x.shape[-1] // 2
+        return F.silu(x[..., :d]) * x[..., d:]
+
+
+# -- rotary position embeddings -------------------------------------------------------------
+
+
+def rope_parameters_from_config(config: Any) -> dict[str, Any]:
+    """The RoPE settings of a Hugging Face config as one flat dict with ``rope_type`` and
+    ``rope_theta`` always present.
+
+    transformers 5 stores them in ``config.rope_parameters`` (``rope_theta`` included); older
+    configs have ``rope_theta`` next to an optional ``rope_scaling`` dict (whose type key may be
+    the legacy ``type``). Both are accepted.
+    """
+    params = getattr(config, "rope_parameters", None)
+    if not params:
+        params = getattr(config, "rope_scaling", None)
+    params = dict(params or {})
+    if "rope_type" not in params:
+        params["rope_type"] = params.pop("type", "default")
+    if params.get("rope_theta") is None:
+        params["rope_theta"] = getattr(config, "rope_theta", None) or 10000.0
+    if params.get("partial_rotary_factor") is None and getattr(config, "partial_rotary_factor", None):
+        params["partial_rotary_factor"] = config.partial_rotary_factor
+    if params["rope_type"] in ("llama3", "yarn") and not params.get("original_max_position_embeddings"):
+        params["original_max_position_embeddings"] = getattr(
+            config, "original_max_position_embeddings", None
+        ) or config.max_position_embeddings
+    return params
+
+
+def _base_inv_freq(base: float, dim: int) -> torch.Tensor:
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float32) / dim
+    return 1.0 / (base**exponents)
+
+
+def _llama3_inv_freq(inv_freq: torch.Tensor, params: dict[str, Any]) -> torch.Tensor:
+    factor = params["factor"]
+    low_freq_factor = params["low_freq_factor"]
+    high_freq_factor = params["high_freq_factor"]
+    old_context_len = params["original_max_position_embeddings"]
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    # long wavelengths are divided by factor, short ones kept, the band in between blended
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    in_band = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    return torch.where(in_band, blended, scaled)
+
+
+def _yarn_inv_freq(
+    params: dict[str, Any], dim: int, max_position_embeddings: int
+) -> tuple[torch.Tensor, float]:
+    base = params["rope_theta"]
+    original = params["original_max_position_embeddings"]
+    factor = params.get("factor") or max_position_embeddings / original
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention_factor = params.get("attention_factor")
+    if attention_factor is None:
+        if params.get("mscale") and params.get("mscale_all_dim"):
+            attention_factor = mscale(factor, params["mscale"]) / mscale(factor, params["mscale_all_dim"])
+        else:
+            attention_factor = mscale(factor)
+    beta_fast = params.get("beta_fast") or 32
+    beta_slow = params.get("beta_slow") or 1
+
+    def correction_dim(num_rotations: float) -> float:
+        return (dim * math.log(original / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if params.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    extrapolation_weight = 1 - ramp
+    pos_freqs = base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+    inv_freq = (1.0 / (factor * pos_freqs)) * ramp + (1.0 / pos_freqs) * extrapolation_weight
+    return inv_freq, float(attention_factor)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding (rotate-half / NeoX layout, as Hugging Face Llama uses) with a
+    precomputed cos/sin table indexed by token position.
+
+    The table covers ``max_positions`` positions; :meth:`cos_sin` is one gather per forward,
+    shared by every layer, so nothing depends on the batch layout (flattened tokens of many
+    sequences at arbitrary positions work). Supported ``rope_type``: default, linear, dynamic
+    (NTK), llama3, yarn.
+
+    ``dynamic`` is position-wise here: positions below ``max_position_embeddings`` use the
+    unscaled frequencies (what Hugging Face uses while a sequence fits), positions beyond use
+    the frequencies Hugging Face would use for a sequence of ``max_positions`` tokens.
+    """
+
+    def __init__(
+        self,
+        head_dim: int,
+        rope_params: dict[str, Any],
+        max_position_embeddings: int,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        super().__init__()
+        rope_type = rope_params.get("rope_type", "default")
+        if rope_type not in ROPE_TYPES:
+            raise ValueError(
+                f"rope_type={rope_type!r} is not supported; supported: {', '.join(ROPE_TYPES)}"
+            )
+        self.head_dim = head_dim
+        self.rotary_dim = int(head_dim * rope_params.get("partial_rotary_factor", 1.0))
+        self.rope_type = rope_type
+        base = float(rope_params["rope_theta"])
+        dim = self.rotary_dim
+        factor = float(rope_params.get("factor") or 1.0)
+        attention_factor = 1.0
+        max_positions = max_position_embeddings
+        if rope_type == "default":
+            inv_freq = _base_inv_freq(base, dim)
+        elif rope_type == "linear":
+            inv_freq = _base_inv_freq(base, dim) / factor
+            max_positions = int(max_position_embeddings * factor)
+        elif rope_type == "llama3":
+            inv_freq = _llama3_inv_freq(_base_inv_freq(base, dim), rope_params)
+        elif rope_type == "yarn":
+            inv_freq, attention_factor = _yarn_inv_freq(rope_params, dim, max_position_embeddings)
+            max_positions = max(
+                max_position_embeddings, int(rope_params["original_max_position_embeddings"] * factor)
+            )
+        else:  # dynamic NTK
+            inv_freq = _base_inv_freq(base, dim)
+            max_positions = int(max_position_embeddings * factor)
+        self.max_positions = max_positions
+        positions = torch.arange(max_positions, dtype=torch.int64).to(torch.float32)
+        freqs = torch.outer(positions, inv_freq)
+        if rope_type == "dynamic" and max_positions > max_position_embeddings:
+            scaled_base = base * (factor * max_positions / max_position_embeddings - (factor - 1)) ** (
+                dim / (dim - 2)
+            )
+            tail = positions[max_position_embeddings:]
+            freqs[max_position_embeddings:] = torch.outer(tail, _base_inv_freq(scaled_base, dim))
+        cache = torch.cat([freqs.cos(), freqs.sin()], dim=-1) * attention_factor
+        self.register_buffer("cos_sin_cache", cache.to(dtype), persistent=False)
+
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin for each token, each [num_tokens, rotary_dim] (halves repeated)."""
+        cos, sin = self.cos_sin_cache.index_select(0, positions).chunk(2, dim=-1)
+        return torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` [num_tokens, num_heads, head_dim] by per-token ``cos``/``sin``
+    [num_tokens, rotary_dim]; dims past ``rotary_dim`` pass through unchanged."""
+    rotary_dim = cos.shape[-1]
+    cos = cos.unsqueeze(1)
+    sin = sin.unsqueeze(1)
+    x_rot, x_pass = x[..., :rotary_dim], x[..., rotary_dim:]
+    half = rotary_dim // 2
+    rotated_half = torch.cat([-x_rot[..., half:], x_rot[..., :half]], dim=-1)
+    out = x_rot * cos + rotated_half * sin
+    if x_pass.shape[-1] == 0:
+        return out
+    return torch.cat([out, x_pass], dim=-1)

@@ -1,0 +1,290 @@
+"""Llama-family decoder-only models: Llama (1/2/3, SmolLM, Mistral-shaped), Qwen2, Qwen3.
+
+Tokens arrive flattened — ``input_ids`` and ``positions`` are [num_tokens] with no batch
+dimension — so one forward serves any mix of prefills and decodes; the attention backend
+(through the forward context) knows which tokens belong to which sequence. Outside the model
+runner, attention falls back to dense causal attention over the tokens as one sequence.
+
+q/k/v are one fused projection and gate/up another (one matmul each instead of three and
+two); :meth:`LlamaForCausalLM.load_weights` splits Hugging Face checkpoints into them.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Iterable
+
+import torch
+from torch import nn
+
+from host.core.models.attention_layer import Attention
+from host.core.models.layers import RMSNorm, RotaryEmbedding, SiluAndMul, apply_rotary, rope_parameters_from_config
+
+_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+# Hugging Face sub-projection -> (our fused parameter, shard id)
+_STACKED = {
+    "self_attn.q_proj": ("self_attn.qkv_proj", "q"),
+    "self_attn.k_proj": ("self_attn.qkv_proj", "k"),
+    "self_attn.v_proj": ("self_attn.qkv_proj", "v"),
+    "mlp.gate_proj": ("mlp.gate_up_proj", 0),
+    "mlp.up_proj": ("mlp.gate_up_proj", 1),
+}
+
+
+def _head_dim(config: Any) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def _sliding_window(config: Any, layer_idx: int) -> int | None:
+    """The window of layer ``layer_idx`` when the config marks it as sliding, else ``None``."""
+    layer_types = getattr(config, "layer_types", None)
+    window = getattr(config, "sliding_window", None)
+    if not layer_types or not window:
+        return None
+    return window if layer_types[layer_idx] == "sliding_attention" else None
+
+
+class DecoderAttention(nn.Module):
+    """Self-attention of one decoder layer: fused qkv projection, optional per-head q/k RMSNorm
+    (Qwen3), RoPE, the paged :class:`Attention`, output projection."""
+
+    def __init__(
+        self,
+        config: Any,
+        layer_idx: int,
+        dtype: torch.dtype,
+        attn_backend: type | None,
+        qkv_bias: bool,
+        o_bias: bool,
+        qk_norm: bool,
+    ) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = _head_dim(config)
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.qkv_proj = nn.Linear(
+            config.hidden_size, self.q_size + 2 * self.kv_size, bias=qkv_bias, dtype=dtype
+        )
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=o_bias, dtype=dtype)
+        if qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype=dtype)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype=dtype)
+        else:
+            self.q_norm = self.k_norm = None
+        self.attn = Attention(
+            self.num_heads,
+            self.head_dim,
+            self.num_kv_heads,
+            scale=self.head_dim**-0.5,
+            layer_idx=layer_idx,
+            backend=attn_backend,
+            sliding_window=_sliding_window(config, layer_idx),
+        )
+
+    def shard_slice(self, shard: str) -> slice:
+        """Rows of ``qkv_proj`` that hold the q, k or v projection."""
+        start = {"q": 0, "k": self.q_size, "v": self.q_size + self.kv_size}[shard]
+        return slice(start, start + (self.q_size if shard == "q" else self.kv_size))
+
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        n = hidden.shape[0]
+        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(n, self.num_heads, self.head_dim)
+        k = k.view(n, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+            k = self.k_norm(k)
+        q = apply_rotary(q, cos, sin)
+        k = apply_rotary(k, cos, sin)
+        out = self.attn(q.reshape(n, self.q_size), k.reshape(n, self.kv_size), v.contiguous())
+        return self.o_proj(out)
+
+
+class GatedMLP(nn.Module):
+    """SiLU-GLU feed-forward: ``down(silu(gate(x)) * up(x))`` with gate/up fused."""
+
+    def __init__(self, config: Any, dtype: torch.dtype) -> None:
+        super().__init__()
+        act = getattr(config, "hidden_act", "silu")
+        if act not in ("silu", "swish"):
+            raise ValueError(f"hidden_act={act!r} is not supported by this model; only 'silu' is")
+        bias = bool(getattr(config, "mlp_bias", False))
+        self.intermediate_size = config.intermediate_size
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=bias, dtype=dtype)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias, dtype=dtype)
+        self.act = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, config: Any, layer_idx: int, dtype: torch.dtype, attn_backend: type | None, **attn_kw: bool) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
+        self.self_attn = DecoderAttention(config, layer_idx, dtype, attn_backend, **attn_kw)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
+        self.mlp = GatedMLP(config, dtype)
+
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class DecoderModel(nn.Module):
+    """Embedding, the decoder layers and the final norm (Hugging Face's ``model.`` prefix)."""
+
+    def __init__(self, config: Any, dtype: torch.dtype, attn_backend: type | None, **attn_kw: bool) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, i, dtype, attn_backend, **attn_kw) for i in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
+        self.rotary_emb = RotaryEmbedding(
+            _head_dim(config), rope_parameters_from_config(config), config.max_position_embeddings, dtype
+        )
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)
+        cos, sin = self.rotary_emb.cos_sin(positions)
+        for layer in self.layers:
+            hidden = layer(hidden, cos, sin)
+        return self.norm(hidden)
+
+
+class LlamaForCausalLM(nn.Module):
+    """Llama architecture (also SmolLM2, TinyLlama, Mistral-shaped checkpoints).
+
+    Built as ``LlamaForCausalLM(hf_config, dtype, attn_backend)``. Subclasses change the bias
+    and q/k-norm switches only.
+    """
+
+    @staticmethod
+    def qkv_bias(config: Any) -> bool:
+        return bool(getattr(config, "attention_bias", False))
+
+    @staticmethod
+    def o_bias(config: Any) -> bool:
+        return bool(getattr(config, "attention_bias", False))
+
+    qk_norm = False
+
+    def __init__(self, hf_config: Any, dtype: torch.dtype = torch.float32, attn_backend: type | None = None) -> None:
+        super().__init__()
+        self.config = hf_config
+        self.dtype = dtype
+        self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
+        self.model = DecoderModel(
+            hf_config,
+            dtype,
+            attn_backend,
+            qkv_bias=self.qkv_bias(hf_config),
+            o_bias=self.o_bias(hf_config),
+            qk_norm=self.qk_norm,
+        )
+        if self.tie_word_embeddings:
+            self.lm_head = self.model.embed_tokens
+        else:
+            self.lm_head = nn.Linear(hf_config.hidden_size, hf_config.vocab_size, bias=False, dtype=dtype)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Hidden states after the final norm, [num_tokens, hidden_size]."""
+        return self.model(input_ids, positions)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """float32 logits [num_tokens, vocab_size] for the given hidden states."""
+        return torch.nn.functional.linear(hidden_states, self.lm_head.weight).float()
+
+    # -- weights -------------------------------------------------------------------------------
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Copy Hugging Face-named tensors into this model; returns the parameter names filled.
+
+        q/k/v and gate/up tensors land in their slice of the fused projections; rotary
+        ``inv_freq`` buffers are skipped, and so is ``lm_head.weight`` when embeddings are tied
+        (the output projection then is the embedding, as in Hugging Face). An unknown tensor
+        name, a shape mismatch or a parameter left unfilled is a ``ValueError``.
+        """
+        params = dict(self.named_parameters())
+        filled: dict[str, set[Any]] = {}
+        for name, tensor in weights:
+            if "rotary_emb.inv_freq" in name:
+                continue
+            if not name.startswith(("model.", "lm_head.")):
+                name = "model." + name  # a bare base-model checkpoint
+            if name == "lm_head.weight" and self.tie_word_embeddings:
+                continue
+            target, shard, rows = self._target(name)
+            param = params.get(target)
+            if param is None:
+                raise ValueError(
+                    f"checkpoint tensor {name!r} has no matching parameter in "
+                    f"{type(self).__name__}; is config.json's architecture right for these weights?"
+                )
+            dest = param.data if rows is None else param.data[rows]
+            if dest.shape != tensor.shape:
+                raise ValueError(
+                    f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)} but "
+                    f"{target} expects {tuple(dest.shape)}; the weights do not match config.json"
+                )
+            dest.copy_(tensor)
+            filled.setdefault(target, set()).add(shard)
+        missing = sorted(p for p in params if filled.get(p, set()) != self._shards(p))
+        if missing:
+            raise ValueError(
+                f"the checkpoint has no (or only partial) weights for {len(missing)} parameter(s) "
+                f"of {type(self).__name__}, e.g. {', '.join(missing[:6])}; is the checkpoint "
+                "complete and does it match config.json?"
+            )
+        return set(filled)
+
+    @staticmethod
+    def _shards(param_name: str) -> set[Any]:
+        """The shards a parameter is assembled from (``{None}``: one tensor, not fused)."""
+        module = param_name.rsplit(".", 1)[0]
+        if module.endswith("qkv_proj"):
+            return {"q", "k", "v"}
+        if module.endswith("gate_up_proj"):
+            return {0, 1}
+        return {None}
+
+    def _target(self, name: str) -> tuple[str, Any, slice | None]:
+        """Our parameter for a Hugging Face tensor name: (name, shard id, rows it fills)."""
+        match = _LAYER_RE.match(name)
+        if match is None:
+            return name, None, None
+        idx, rest = int(match.group(1)), match.group(2)
+        module, _, suffix = rest.rpartition(".")
+        if module not in _STACKED or idx >= len(self.model.layers):
+            return name, None, None
+        fused, shard = _STACKED[module]
+        layer = self.model.layers[idx]
+        if fused == "self_attn.qkv_proj":
+            rows = layer.self_attn.shard_slice(shard)
+        else:
+            size = layer.mlp.intermediate_size
+            rows = slice(shard * size, (shard + 1) * size)
+        return f"model.layers.{idx}.{fused}.{suffix}", shard, rows
+
+
+class Qwen2ForCausalLM(LlamaForCausalLM):
+    """Qwen2 / Qwen2.5: Llama with biases on the q/k/v projections (none on o_proj)."""
+
+    @staticmethod
+    def qkv_bias(config: Any) -> bool:
+        return True
+
+    @staticmethod
+    def o_bias(config: Any) -> bool:
+        return False
+
+
+class Qwen3ForCausalLM(LlamaForCausalLM):
+    """Qwen3: Llama plus an RMSNorm over each head of q and k before RoPE."""
+
+    qk_norm = True

@@ -1,0 +1,177 @@
+"""Build a model from a :class:`ModelConfig` and fill its weights.
+
+Sources: a Hugging Face directory (``config.json`` + ``*.safetensors``, or ``*.bin`` when no
+safetensors exist), a single ``.gguf`` file (config and dequantized tensors from its metadata),
+or ``load_format="dummy"``: random weights from the config alone, for benchmarks.
+
+The class comes from the plugin host's ``models`` registry (:mod:`host.core.models.registry`),
+so a ``host.general`` plugin can add architectures without touching this module.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import os
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+
+from host.core.config import LoadConfig, ModelConfig
+from host.core.models.default_model import resolve_model_path
+from host.core.models.gguf_file import GGUF_ARCHITECTURES, GGUFCheckpoint
+from host.core.models.registry import resolve_model_class
+
+logger = logging.getLogger("host.models")
+
+_EXPLICIT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# model_type -> architecture, for configs without an ``architectures`` list
+_MODEL_TYPE_ARCH = {model_type: arch for model_type, arch in GGUF_ARCHITECTURES.values()}
+DEFAULT_MAX_MODEL_LEN = 2048
+
+
+def is_gguf(path: str) -> bool:
+    return path.lower().endswith(".gguf") and os.path.isfile(path)
+
+
+def load_hf_config(path: str) -> Any:
+    """The ``transformers`` config of a model directory or ``.gguf`` file."""
+    if is_gguf(path):
+        return GGUFCheckpoint(path).hf_config()
+    from transformers import AutoConfig
+
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise ValueError(f"{path} has no config.json; pass a Hugging Face model directory or a .gguf file")
+    return AutoConfig.from_pretrained(path)
+
+
+def get_model_architecture(hf_config: Any) -> str:
+    """The architecture name used to pick the model class (first of ``architectures``, or the
+    one implied by ``model_type`` when the config has no list)."""
+    architectures = getattr(hf_config, "architectures", None) or []
+    if architectures:
+        return architectures[0]
+    model_type = getattr(hf_config, "model_type", None)
+    if model_type in _MODEL_TYPE_ARCH:
+        return _MODEL_TYPE_ARCH[model_type]
+    raise ValueError(
+        f"the model config has no 'architectures' list and model_type={model_type!r} implies none; "
+        "add \"architectures\": [\"...ForCausalLM\"] to config.json"
+    )
+
+
+def max_model_len(hf_config: Any) -> int:
+    """The longest sequence the model supports, from its config: ``max_position_embeddings``
+    (or an older equivalent field); 2048 when the config has none."""
+    for key in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
+        value = getattr(hf_config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return DEFAULT_MAX_MODEL_LEN
+
+
+def _config_dtype(hf_config: Any) -> torch.dtype | None:
+    value = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+    if isinstance(value, str):
+        value = _EXPLICIT_DTYPES.get(value)
+    return value if isinstance(value, torch.dtype) else None
+
+
+def resolve_dtype(dtype: str, hf_config: Any, device: str | torch.device) -> torch.dtype:
+    """The torch dtype for ``ModelConfig.dtype``.
+
+    ``auto`` is float32 on CPU (CPU bf16 matmuls are slow and tests compare against fp32
+    references). On an accelerator it is bfloat16 when the config says bfloat16 or float16
+    (float16 is mapped to bfloat16: same memory, no overflow risk), else float32.
+    """
+    if dtype in _EXPLICIT_DTYPES:
+        return _EXPLICIT_DTYPES[dtype]
+    if dtype != "auto":
+        raise ValueError(f"dtype={dtype!r} is not supported; use auto, float32, bfloat16 or float16")
+    if torch.device(device).type == "cpu":
+        return torch.float32
+    if _config_dtype(hf_config) in (torch.bfloat16, torch.float16):
+        return torch.bfloat16
+    return torch.float32
+
+
+def iter_hf_weights(path: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) pairs of a Hugging Face directory: its safetensors files (those in
+    ``model.safetensors.index.json`` when present), else its ``pytorch_model*.bin`` files."""
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as f:
+            files = sorted({os.path.join(path, name) for name in json.load(f)["weight_map"].values()})
+    else:
+        files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if files:
+        from safetensors import safe_open
+
+        for file in files:
+            with safe_open(file, framework="pt", device="cpu") as f:
+                for name in f.keys():
+                    yield name, f.get_tensor(name)
+        return
+    bins = sorted(glob.glob(os.path.join(path, "pytorch_model*.bin")))
+    if not bins:
+        raise ValueError(f"{path} holds no *.safetensors or pytorch_model*.bin weights; use load_format='dummy' for random weights")
+    for file in bins:
+        yield from torch.load(file, map_location="cpu", weights_only=True).items()
+
+
+def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
+    """Random weights as a stand-in for a checkpoint: normal(0, 0.02), norm weights 1,
+    biases 0, reproducible for a given seed."""
+    params = sorted(model.named_parameters(), key=lambda item: item[0])
+    device = params[0][1].device if params else torch.device("cpu")
+    generator = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, param in params:
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            elif name.endswith(".bias"):
+                param.zero_()
+            else:
+                param.normal_(0.0, 0.02, generator=generator)
+
+
+def load_model(
+    model_config: ModelConfig,
+    load_config: LoadConfig,
+    attn_backend: type | None,
+    device: str | torch.device = "cpu",
+) -> tuple[nn.Module, Any]:
+    """Build the model ``model_config`` names on ``device`` and load its weights.
+
+    Returns ``(model, hf_config)``; the model is in eval mode with gradients off. Also fills
+    ``model_config.hf_config``, ``.architecture`` and ``.resolved_path``.
+    """
+    path = resolve_model_path(model_config.model)
+    fmt = load_config.load_format
+    gguf = is_gguf(path)
+    if fmt == "gguf" and not gguf:
+        raise ValueError(f"load_format='gguf' needs a .gguf file, got {path}")
+    if fmt == "safetensors" and gguf:
+        raise ValueError(f"load_format='safetensors' needs a model directory, got the GGUF file {path}")
+    checkpoint = GGUFCheckpoint(path) if gguf else None
+    hf_config = checkpoint.hf_config() if checkpoint is not None else load_hf_config(path)
+    architecture = get_model_architecture(hf_config)
+    model_cls = resolve_model_class([architecture])
+    dtype = resolve_dtype(model_config.dtype, hf_config, device)
+    with torch.device(device):
+        model = model_cls(hf_config, dtype, attn_backend)
+    with torch.no_grad():
+        if fmt == "dummy":
+            init_dummy_weights(model, model_config.seed)
+        elif checkpoint is not None:
+            model.load_weights(checkpoint.tensors())
+        else:
+            model.load_weights(iter_hf_weights(path))
+    model.eval().requires_grad_(False)
+    model_config.hf_config = hf_config
+    model_config.architecture = architecture
+    model_config.resolved_path = path
+    logger.info("loaded %s (%s, %s) from %s on %s", architecture, fmt, dtype, path, device)
+    return model, hf_config

@@ -1,0 +1,148 @@
+"""A request as the engine core tracks it: tokens, progress, status and block hashes.
+
+``num_computed_tokens`` chasing ``num_tokens`` is the only notion of progress the scheduler has:
+there is no separate prefill or decode phase (a decode is a request one token behind).
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from typing import TYPE_CHECKING, Iterable
+
+from host.core.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from host.core.kv_cache.hashing import BlockHash, BlockHasher
+
+
+class RequestStatus(enum.IntEnum):
+    """Lifecycle of a request; every status after ``PREEMPTED`` is final."""
+
+    WAITING = enum.auto()
+    RUNNING = enum.auto()
+    PREEMPTED = enum.auto()
+    # finished states: keep them last (is_finished compares against PREEMPTED)
+    FINISHED_STOPPED = enum.auto()
+    FINISHED_LENGTH_CAPPED = enum.auto()
+    FINISHED_ABORTED = enum.auto()
+
+    @property
+    def is_finished(self) -> bool:
+        return self > RequestStatus.PREEMPTED
+
+    @property
+    def finish_reason(self) -> str | None:
+        """The OpenAI finish reason of a finished status ("stop", "length", "abort"), else None."""
+        return _FINISH_REASONS.get(self)
+
+    @staticmethod
+    def get_finished_reason(status: "RequestStatus") -> str | None:
+        return _FINISH_REASONS.get(status)
+
+
+_FINISH_REASONS: dict[RequestStatus, str] = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH_CAPPED: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+}
+
+
+class Request:
+    """One generation request inside the engine core.
+
+    Holds the dual token lists (``output_token_ids`` and ``all_token_ids`` = prompt + output),
+    the progress counter ``num_computed_tokens`` (tokens whose KV is in the cache), and the
+    chained ``block_hashes`` of its full blocks, extended as tokens are appended once a block
+    hasher is set (the scheduler sets one when prefix caching is on).
+
+    ``num_cached_tokens`` is the prefix-cache hit at the first schedule (-1 before that).
+    """
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams | None = None,
+        eos_token_id: int | None = None,
+        arrival_time: float | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        block_hasher: "BlockHasher | None" = None,
+    ) -> None:
+        self.request_id = request_id
+        self.sampling_params = sampling_params if sampling_params is not None else SamplingParams()
+        self.eos_token_id = eos_token_id
+        self.arrival_time = time.time() if arrival_time is None else arrival_time
+        self.priority = priority
+        self.cache_salt = cache_salt
+
+        self.prompt_token_ids: list[int] = list(prompt_token_ids)
+        self.num_prompt_tokens = len(self.prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self.all_token_ids: list[int] = list(self.prompt_token_ids)
+
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = -1
+        self.num_preemptions = 0
+        self.stop_reason: int | str | None = None
+
+        self.block_hashes: list[BlockHash] = []
+        self._block_hasher: BlockHasher | None = None
+        if block_hasher is not None:
+            self.set_block_hasher(block_hasher)
+
+    # -- tokens ---------------------------------------------------------------------------
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def max_tokens(self) -> int | None:
+        return self.sampling_params.max_tokens
+
+    def append_output_token_ids(self, token_ids: int | Iterable[int]) -> None:
+        """Append sampled token(s) and hash any block they complete."""
+        if isinstance(token_ids, int):
+            self.output_token_ids.append(token_ids)
+            self.all_token_ids.append(token_ids)
+        else:
+            token_ids = list(token_ids)
+            self.output_token_ids.extend(token_ids)
+            self.all_token_ids.extend(token_ids)
+        if self._block_hasher is not None:
+            self.block_hashes.extend(self._block_hasher(self))
+
+    # -- hashing --------------------------------------------------------------------------
+    @property
+    def block_hasher(self) -> "BlockHasher | None":
+        return self._block_hasher
+
+    def set_block_hasher(self, block_hasher: "BlockHasher") -> None:
+        """Set the incremental hasher and hash every full block present now."""
+        self._block_hasher = block_hasher
+        self.block_hashes = []
+        self.block_hashes.extend(block_hasher(self))
+
+    # -- status ---------------------------------------------------------------------------
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    def get_finished_reason(self) -> str | None:
+        return self.status.finish_reason
+
+    def sort_key(self) -> tuple[int, float]:
+        """Priority-policy order: lower ``priority`` first, then earlier arrival."""
+        return (self.priority, self.arrival_time)
+
+    def __repr__(self) -> str:
+        return (
+            f"Request(id={self.request_id!r}, status={self.status.name}, "
+            f"computed={self.num_computed_tokens}/{self.num_tokens}, "
+            f"prompt={self.num_prompt_tokens}, output={self.num_output_tokens})"
+        )

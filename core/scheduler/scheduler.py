@@ -1,0 +1,407 @@
+"""The scheduler: each step, decide which requests run and how many tokens each computes.
+
+There is no prefill or decode phase: a request has ``num_computed_tokens`` chasing
+``num_tokens``, and one token budget (``max_num_batched_tokens``) is shared by all of them.
+Running requests are served first (so decodes are never starved by new prefills), then waiting
+requests are admitted in policy order. When the KV cache runs out, running requests are
+preempted by recompute: their blocks are freed and they go back to the front of the waiting
+queue (the prefix cache usually still holds most of their blocks when they resume).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Iterable
+
+from host.core.config import CacheConfig, SchedulerConfig
+from host.core.kv_cache.block_pool import KVCacheBlock
+from host.core.kv_cache.hashing import make_block_hasher
+from host.core.kv_cache.manager import KVCacheManager
+from host.core.outputs import (
+    CachedRequestData,
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    ModelRunnerOutput,
+    NewRequestData,
+    SchedulerOutput,
+)
+from host.core.request import Request, RequestStatus
+from host.core.scheduler.policy import create_request_queue
+
+logger = logging.getLogger(__name__)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass
+class SchedulerStats:
+    """A snapshot of the scheduler for metrics (counters are totals since start-up)."""
+
+    num_running_reqs: int = 0
+    num_waiting_reqs: int = 0
+    kv_cache_usage: float = 0.0
+    prefix_cache_queries: int = 0  # tokens looked up
+    prefix_cache_hits: int = 0  # tokens found
+    prefix_cache_hit_rate: float = 0.0
+    num_preemptions: int = 0
+
+
+class Scheduler:
+    """Continuous-batching scheduler over one :class:`KVCacheManager`.
+
+    ``schedule()`` plans a step, the executor runs it, ``update_from_output()`` appends the
+    sampled tokens, applies stop conditions and frees finished requests' blocks.
+    """
+
+    def __init__(
+        self,
+        scheduler_config: SchedulerConfig,
+        cache_config: CacheConfig,
+        kv_cache_manager: KVCacheManager,
+    ) -> None:
+        if cache_config.block_size != kv_cache_manager.block_size:
+            raise ValueError(
+                f"cache_config.block_size={cache_config.block_size} differs from the KV cache "
+                f"manager's block_size={kv_cache_manager.block_size}"
+            )
+        if (
+            not scheduler_config.enable_chunked_prefill
+            and scheduler_config.max_num_batched_tokens < scheduler_config.max_model_len
+        ):
+            raise ValueError(
+                f"max_num_batched_tokens={scheduler_config.max_num_batched_tokens} is smaller than "
+                f"max_model_len={scheduler_config.max_model_len}, so a long prompt could never be "
+                "scheduled without chunked prefill; enable chunked prefill or raise "
+                "--max-num-batched-tokens to at least max_model_len"
+            )
+        self.scheduler_config = scheduler_config
+        self.cache_config = cache_config
+        self.kv_cache_manager = kv_cache_manager
+        self.block_size = kv_cache_manager.block_size
+        self.max_model_len = scheduler_config.max_model_len
+        self.max_num_running_reqs = scheduler_config.max_num_seqs
+        self.max_num_scheduled_tokens = scheduler_config.max_num_batched_tokens
+
+        self.requests: dict[str, Request] = {}
+        self.waiting = create_request_queue(scheduler_config.policy)
+        self.running: list[Request] = []
+        # finished since the last schedule(): the runner drops them from its batch next step
+        self.finished_req_ids: set[str] = set()
+        # outputs of requests the scheduler itself finished (reported by update_from_output)
+        self._pending_outputs: list[EngineCoreOutput] = []
+        self.num_preemptions = 0
+        self._block_hasher = make_block_hasher(self.block_size) if kv_cache_manager.enable_caching else None
+
+    # -- requests in and out ------------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        """Queue a request. Raises ValueError for a duplicate id, an empty prompt, or a prompt
+        longer than ``max_model_len`` or than the whole KV cache."""
+        req_id = request.request_id
+        if req_id in self.requests:
+            raise ValueError(f"request id {req_id!r} is already in use; request ids must be unique")
+        n = request.num_prompt_tokens
+        if n == 0:
+            raise ValueError(f"request {req_id!r} has an empty prompt; send at least one token")
+        if n > self.max_model_len:
+            raise ValueError(
+                f"request {req_id!r} has {n} prompt tokens, more than max_model_len="
+                f"{self.max_model_len}; shorten the prompt or raise --max-model-len"
+            )
+        usable = self.kv_cache_manager.num_blocks - 1
+        if _cdiv(n, self.block_size) > usable:
+            raise ValueError(
+                f"request {req_id!r} has {n} prompt tokens but the KV cache holds only {usable} "
+                f"blocks of {self.block_size} tokens; raise --kv-cache-memory or shorten the prompt"
+            )
+        if self._block_hasher is not None and request.block_hasher is None:
+            request.set_block_hasher(self._block_hasher)
+        request.status = RequestStatus.WAITING
+        self.requests[req_id] = request
+        self.waiting.add_request(request)
+
+    def finish_requests(self, request_ids: str | Iterable[str], finished_status: RequestStatus) -> None:
+        """Finish requests from outside (abort, a stop string found by the detokenizer): their
+        blocks are freed now. Unknown or already finished ids are ignored."""
+        if not finished_status.is_finished:
+            raise ValueError(f"finished_status={finished_status.name} is not a finished status")
+        if isinstance(request_ids, str):
+            request_ids = (request_ids,)
+        running_ids: set[str] = set()
+        waiting: list[Request] = []
+        for req_id in request_ids:
+            request = self.requests.get(req_id)
+            if request is None:
+                continue
+            if request.status == RequestStatus.RUNNING:
+                running_ids.add(req_id)
+            else:
+                waiting.append(request)
+            request.status = finished_status
+            self._free_request(request)
+        if running_ids:
+            self.running = [r for r in self.running if r.request_id not in running_ids]
+        if waiting:
+            self.waiting.remove_requests(waiting)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.running) or bool(self.waiting)
+
+    def has_finished_requests(self) -> bool:
+        """Finished ids not yet sent to the runner (a step is needed to tell it)."""
+        return bool(self.finished_req_ids) or bool(self._pending_outputs)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.running) + len(self.waiting)
+
+    def reset_prefix_cache(self) -> bool:
+        return self.kv_cache_manager.reset_prefix_cache()
+
+    # -- one step -----------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        """Plan one step within the token budget (running requests first, then waiting ones)."""
+        cfg = self.scheduler_config
+        chunked = cfg.enable_chunked_prefill
+        kv = self.kv_cache_manager
+        token_budget = self.max_num_scheduled_tokens
+        num_scheduled: dict[str, int] = {}
+        new_blocks_of: dict[str, list[KVCacheBlock]] = {}
+        scheduled_running: list[Request] = []
+        scheduled_new: list[Request] = []
+        preempted: list[Request] = []
+
+        threshold = cfg.long_prefill_token_threshold if chunked else 0
+        if len(self.running) + len(self.waiting) <= 1:
+            threshold = 0  # nobody to starve
+        # prefill chunks leave one token for every decode behind them in the running list
+        decodes_behind = sum(1 for r in self.running if r.num_tokens - r.num_computed_tokens == 1)
+
+        # 1. running requests
+        req_index = 0
+        while req_index < len(self.running) and token_budget > 0:
+            request = self.running[req_index]
+            remaining = request.num_tokens - request.num_computed_tokens
+            is_decode = remaining == 1
+            if is_decode:
+                decodes_behind -= 1
+            num_new = min(remaining, self.max_model_len - request.num_computed_tokens)
+            if threshold > 0:
+                num_new = min(num_new, threshold)
+            num_new = min(num_new, token_budget - (0 if is_decode else decodes_behind))
+            if num_new <= 0 or (not chunked and num_new < remaining):
+                req_index += 1
+                continue
+
+            new_blocks = None
+            while True:
+                new_blocks = kv.allocate_slots(request, num_new)
+                if new_blocks is not None:
+                    break
+                victim = self.waiting.select_victim(self.running)
+                if victim is request and len(self.running) == 1:
+                    # alone and still out of blocks: it can never grow further
+                    self._cap_for_kv_exhaustion(request)
+                    break
+                idx = self.running.index(victim)
+                del self.running[idx]
+                if idx < req_index:
+                    req_index -= 1
+                elif idx > req_index and victim.num_tokens - victim.num_computed_tokens == 1:
+                    decodes_behind -= 1
+                if victim.request_id in num_scheduled:
+                    # scheduled earlier in this step: give its tokens back to the budget
+                    token_budget += num_scheduled.pop(victim.request_id)
+                    new_blocks_of.pop(victim.request_id, None)
+                    scheduled_running.remove(victim)
+                self._preempt_request(victim)
+                preempted.append(victim)
+                if victim is request:
+                    break
+            if new_blocks is None:
+                break
+            scheduled_running.append(request)
+            new_blocks_of[request.request_id] = new_blocks
+            num_scheduled[request.request_id] = num_new
+            token_budget -= num_new
+            req_index += 1
+
+        # 2. waiting requests (not in a step that had to preempt: memory is short)
+        if not preempted:
+            while self.waiting and token_budget > 0 and len(self.running) < self.max_num_running_reqs:
+                request = self.waiting.peek_request()
+                hit_blocks, num_hit = kv.get_computed_blocks(request)
+                num_new = request.num_tokens - num_hit
+                if chunked:
+                    if threshold > 0:
+                        num_new = min(num_new, threshold)
+                    num_new = min(num_new, token_budget)
+                elif num_new > token_budget:
+                    break
+                new_blocks = kv.allocate_slots(request, num_new, hit_blocks, num_hit)
+                if new_blocks is None:
+                    if not self.running:
+                        # every block is free and it still does not fit: it never will
+                        self.waiting.pop_request()
+                        self._cap_for_kv_exhaustion(request)
+                        continue
+                    break
+                self.waiting.pop_request()
+                request.num_computed_tokens = num_hit
+                if request.num_cached_tokens < 0:
+                    request.num_cached_tokens = num_hit
+                request.status = RequestStatus.RUNNING
+                self.running.append(request)
+                scheduled_new.append(request)
+                num_scheduled[request.request_id] = num_new
+                token_budget -= num_new
+
+        # 3. the plan
+        new_reqs = [
+            NewRequestData(
+                req_id=r.request_id,
+                prompt_token_ids=r.prompt_token_ids,
+                sampling_params=r.sampling_params,
+                block_ids=kv.get_block_ids(r.request_id),
+                num_computed_tokens=r.num_computed_tokens,
+                output_token_ids=list(r.output_token_ids),
+            )
+            for r in scheduled_new
+        ]
+        cached = CachedRequestData(
+            req_ids=[r.request_id for r in scheduled_running],
+            new_block_ids=[[b.block_id for b in new_blocks_of[r.request_id]] for r in scheduled_running],
+            num_computed_tokens=[r.num_computed_tokens for r in scheduled_running],
+        )
+        output = SchedulerOutput(
+            scheduled_new_reqs=new_reqs,
+            scheduled_cached_reqs=cached,
+            num_scheduled_tokens=num_scheduled,
+            total_num_scheduled_tokens=sum(num_scheduled.values()),
+            finished_req_ids=self.finished_req_ids,
+            preempted_req_ids={r.request_id for r in preempted},
+        )
+        self.finished_req_ids = set()
+        # the scheduled tokens count as computed from now on (their KV is written this step)
+        requests = self.requests
+        for req_id, n in num_scheduled.items():
+            requests[req_id].num_computed_tokens += n
+        return output
+
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
+    ) -> EngineCoreOutputs:
+        """Append each request's sampled tokens, apply stop conditions, free finished requests.
+        Returns one output per request that produced tokens or finished."""
+        outputs = self._pending_outputs
+        self._pending_outputs = []
+        index_of = model_runner_output.req_id_to_index
+        sampled_token_ids = model_runner_output.sampled_token_ids
+        stopped: set[str] = set()
+        for req_id in scheduler_output.num_scheduled_tokens:
+            request = self.requests.get(req_id)
+            if request is None or request.status != RequestStatus.RUNNING:
+                continue  # finished or preempted since the step was planned
+            i = index_of.get(req_id)
+            if i is None:
+                continue
+            sampled = sampled_token_ids[i]
+            # a sample from a prefill chunk that has not reached the end of the prompt is void
+            if not sampled or request.num_computed_tokens < request.num_tokens:
+                continue
+            new_token_ids: list[int] = []
+            for token_id in sampled:
+                request.append_output_token_ids(token_id)
+                new_token_ids.append(token_id)
+                if self._check_stop(request):
+                    break
+            finish_reason = None
+            if request.is_finished():
+                finish_reason = request.get_finished_reason()
+                stopped.add(req_id)
+                self._free_request(request)
+            outputs.append(
+                EngineCoreOutput(
+                    req_id=req_id,
+                    new_token_ids=new_token_ids,
+                    finish_reason=finish_reason,
+                    stop_reason=request.stop_reason,
+                    num_cached_tokens=max(request.num_cached_tokens, 0),
+                )
+            )
+        if stopped:
+            self.running = [r for r in self.running if r.request_id not in stopped]
+        return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats())
+
+    # -- stats --------------------------------------------------------------------------------
+    def make_stats(self) -> SchedulerStats:
+        pc = self.kv_cache_manager.prefix_cache_stats
+        return SchedulerStats(
+            num_running_reqs=len(self.running),
+            num_waiting_reqs=len(self.waiting),
+            kv_cache_usage=self.kv_cache_manager.usage,
+            prefix_cache_queries=pc.queries,
+            prefix_cache_hits=pc.hits,
+            prefix_cache_hit_rate=pc.hit_rate,
+            num_preemptions=self.num_preemptions,
+        )
+
+    # -- internals ----------------------------------------------------------------------------
+    def _check_stop(self, request: Request) -> bool:
+        """Apply the stop conditions to the token just appended; sets status and stop_reason."""
+        sp = request.sampling_params
+        last = request.output_token_ids[-1]
+        # EOS and stop token ids count only once min_tokens tokens precede them
+        if request.num_output_tokens > sp.min_tokens:
+            if not sp.ignore_eos and last == request.eos_token_id:
+                request.status = RequestStatus.FINISHED_STOPPED
+                return True
+            if last in sp.stop_token_ids:
+                request.status = RequestStatus.FINISHED_STOPPED
+                request.stop_reason = last
+                return True
+        if (sp.max_tokens is not None and request.num_output_tokens >= sp.max_tokens) or (
+            request.num_tokens >= self.max_model_len
+        ):
+            request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+            return True
+        return False
+
+    def _preempt_request(self, request: Request) -> None:
+        """Recompute preemption: free the blocks, forget progress, requeue at the front."""
+        self.kv_cache_manager.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.prepend_request(request)
+
+    def _cap_for_kv_exhaustion(self, request: Request) -> None:
+        """Finish a request that cannot fit in the whole KV cache (only possible when the cache
+        is smaller than one max_model_len request, e.g. with num_gpu_blocks_override)."""
+        logger.warning(
+            "request %s needs more KV cache blocks than exist (%d tokens, %d usable blocks of %d); "
+            "finishing it with reason 'length'. Raise --kv-cache-memory or lower --max-model-len.",
+            request.request_id,
+            request.num_tokens,
+            self.kv_cache_manager.num_blocks - 1,
+            self.block_size,
+        )
+        if request.status == RequestStatus.RUNNING:
+            self.running.remove(request)
+        request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+        self._free_request(request)
+        self._pending_outputs.append(
+            EngineCoreOutput(
+                req_id=request.request_id,
+                new_token_ids=[],
+                finish_reason="length",
+                num_cached_tokens=max(request.num_cached_tokens, 0),
+            )
+        )
+
+    def _free_request(self, request: Request) -> None:
+        self.kv_cache_manager.free(request)
+        del self.requests[request.request_id]
+        self.finished_req_ids.add(request.request_id)

@@ -1,0 +1,101 @@
+"""The admin CLI, run as the installed ``host`` command in child processes."""
+
+from __future__ import annotations
+
+import json
+
+from helpers import run_host
+
+
+def plugins_json(sites, *args, **env):
+    proc = run_host(["plugins", "list", "--json", *args], sites, **env)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_help_lists_every_command():
+    proc = run_host(["--help"], [])
+    assert proc.returncode == 0
+    for command in ("plugins", "platform", "version"):
+        assert command in proc.stdout
+    sub = run_host(["plugins", "--help"], [])
+    assert "list" in sub.stdout and "check" in sub.stdout
+
+
+def test_list_json_shows_builtins_with_groups_and_processes():
+    data = plugins_json([])
+    rows = {(r["group"], r["name"]): r for r in data["plugins"]}
+    cpu = rows[("host.platforms", "cpu")]
+    assert cpu["source"] == "builtin" and cpu["distribution"] == "host"
+    assert cpu["processes"] == ["api", "engine", "worker"]
+    assert cpu["status"] == "loaded" and cpu["hooks"] == ["host_register_platforms"]
+    assert ("host.platforms", "cuda") in rows and ("host.platforms", "rocm") in rows
+    assert rows[("host.executors", "uniproc")]["processes"] == ["engine"]
+    assert rows[("host.endpoints", "builtin_endpoints")]["processes"] == ["api"]
+    assert rows[("host.general", "builtin_models")]["registered"] == [
+        "models:LlamaForCausalLM", "models:Qwen2ForCausalLM", "models:Qwen3ForCausalLM"
+    ]
+
+
+def test_list_shows_third_party_status_and_reasons(fixture_sites):
+    sites = [fixture_sites[n] for n in ("recorder", "endpoint", "broken", "wronggroup")]
+    data = plugins_json(sites)
+    rows = {r["name"]: r for r in data["plugins"]}
+    assert rows["recorder_attention"]["status"] == "loaded"
+    assert rows["recorder_attention"]["source"] == "third-party"
+    assert rows["recorder_attention"]["distribution"] == "host-fixture-recorder"
+    assert rows["recorder_attention"]["version"] == "1.0.0"
+    assert rows["recorder_attention"]["processes"] == ["engine", "worker"]
+    assert rows["fixture_hello"]["status"] == "not-allowlisted"
+    assert "--plugins fixture_hello" in rows["fixture_hello"]["reason"]
+    assert rows["fixture_broken"]["status"] == "failed"
+    assert "broken on purpose" in rows["fixture_broken"]["reason"]
+    assert rows["fixture_wronggroup"]["status"] == "failed"
+    blocked = plugins_json(sites, "--block-plugins", "recorder_io")
+    assert {r["name"]: r for r in blocked["plugins"]}["recorder_io"]["status"] == "blocked"
+    # the table form shows the same facts to a person
+    table = run_host(["plugins", "list"], sites)
+    assert "fixture_broken" in table.stdout and "failed" in table.stdout
+
+
+def test_list_filters_by_group_and_process(fixture_sites):
+    sites = [fixture_sites["recorder"]]
+    only = plugins_json(sites, "--group", "host.attention_backends")
+    assert {r["group"] for r in only["plugins"]} == {"host.attention_backends"}
+    api = plugins_json(sites, "--process", "api")
+    groups = {r["group"] for r in api["plugins"]}
+    assert "host.executors" not in groups and "host.io_processors" in groups
+    worker = plugins_json(sites, "--process", "worker")
+    assert "host.executors" not in {r["group"] for r in worker["plugins"]}
+    bad = run_host(["plugins", "list", "--process", "gpu"], sites)
+    assert bad.returncode != 0 and "unknown process" in bad.stderr
+
+
+def test_list_all_includes_groups():
+    data = plugins_json([], "--all")
+    assert data["groups"]["host.endpoints"]["processes"] == ["api"]
+    assert data["groups"]["host.platforms"]["lazy_in"] == ["api"]
+
+
+def test_check_exit_codes(fixture_sites):
+    sites = [fixture_sites["recorder"], fixture_sites["broken"]]
+    ok = run_host(["plugins", "check"], sites)
+    assert ok.returncode == 0, ok.stderr
+    assert "warning: fixture_broken" in ok.stderr  # reported, but not allowlisted
+    allowlisted = run_host(["plugins", "check", "--plugins", "fixture_broken,recorder_io"], sites)
+    assert allowlisted.returncode == 1
+    assert "fixture_broken" in allowlisted.stderr and "broken on purpose" in allowlisted.stderr
+    unknown = run_host(["plugins", "check"], sites, HOST_PLUGINS="recorder_io,typo_plugin")
+    assert unknown.returncode == 1 and "'typo_plugin'" in unknown.stderr
+    strict = run_host(["plugins", "check", "--strict-plugins"], sites)
+    assert strict.returncode == 1
+
+
+def test_trace_env_logs_hook_calls(fixture_sites):
+    proc = run_host(["plugins", "list", "--json"], [fixture_sites["recorder"]], HOST_TRACE_PLUGINS="1")
+    assert proc.returncode == 0
+    assert "[host trace" in proc.stderr
+    assert "host_register_platforms" in proc.stderr
+    assert "host.platforms:recorder_platform" in proc.stderr
+    quiet = run_host(["plugins", "list", "--json"], [fixture_sites["recorder"]])
+    assert "[host trace" not in quiet.stderr
