@@ -90,6 +90,8 @@ class Request:
 
         self.block_hashes: list[BlockHash] = []
         self._block_hasher: BlockHasher | None = None
+        self._hash_block_size = 1
+        self._next_hash_at = 0
         if block_hasher is not None:
             self.set_block_hasher(block_hasher)
 
@@ -115,8 +117,9 @@ class Request:
             token_ids = list(token_ids)
             self.output_token_ids.extend(token_ids)
             self.all_token_ids.extend(token_ids)
-        if self._block_hasher is not None:
-            self.block_hashes.extend(self._block_hasher(self))
+        # only call the hasher when a block has been completed
+        if self._block_hasher is not None and len(self.all_token_ids) >= self._next_hash_at:
+            self._extend_block_hashes()
 
     # -- hashing --------------------------------------------------------------------------
     @property
@@ -126,8 +129,14 @@ class Request:
     def set_block_hasher(self, block_hasher: "BlockHasher") -> None:
         """Set the incremental hasher and hash every full block present now."""
         self._block_hasher = block_hasher
+        self._hash_block_size = getattr(block_hasher, "block_size", 1)
         self.block_hashes = []
-        self.block_hashes.extend(block_hasher(self))
+        self._extend_block_hashes()
+
+    def _extend_block_hashes(self) -> None:
+        assert self._block_hasher is not None
+        self.block_hashes.extend(self._block_hasher(self))
+        self._next_hash_at = (len(self.block_hashes) + 1) * self._hash_block_size
 
     # -- status ---------------------------------------------------------------------------
     def is_finished(self) -> bool:

@@ -116,8 +116,14 @@ class Scheduler:
                 f"request {req_id!r} has {n} prompt tokens but the KV cache holds only {usable} "
                 f"blocks of {self.block_size} tokens; raise --kv-cache-memory or shorten the prompt"
             )
-        if self._block_hasher is not None and request.block_hasher is None:
-            request.set_block_hasher(self._block_hasher)
+        if self._block_hasher is not None:
+            if request.block_hasher is None:
+                request.set_block_hasher(self._block_hasher)
+            elif getattr(request.block_hasher, "block_size", self.block_size) != self.block_size:
+                raise ValueError(
+                    f"request {req_id!r} hashes blocks of {request.block_hasher.block_size} tokens "
+                    f"but the KV cache uses block_size={self.block_size}; leave block_hasher unset"
+                )
         request.status = RequestStatus.WAITING
         self.requests[req_id] = request
         self.waiting.add_request(request)
