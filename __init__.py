@@ -1,3 +1,20 @@
 """host: an LLM inference and serving engine whose hardware and features are plugins."""
 
+from typing import Any
+
 __version__ = "0.1.0"
+
+__all__ = ["LLM", "SamplingParams", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    # the offline API is imported on first use so `import host` stays light for plugin authors
+    if name == "LLM":
+        from host.core.llm import LLM
+
+        return LLM
+    if name == "SamplingParams":
+        from host.core.sampling_params import SamplingParams
+
+        return SamplingParams
+    raise AttributeError(f"module 'host' has no attribute {name!r}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from host import __version__
+from host.core.cli.generate_cmd import chat_cmd, generate_cmd
 from host.core.cli.plugins_cmd import platform_cmd, plugins_app
 from host.core.logging_config import configure_logging
 
@@ -15,6 +16,8 @@ app = typer.Typer(
 )
 app.add_typer(plugins_app, name="plugins")
 app.command("platform")(platform_cmd)
+app.command("generate")(generate_cmd)
+app.command("chat")(chat_cmd)
 
 
 @app.command("version")

@@ -1,0 +1,158 @@
+"""Offline throughput: host vs Hugging Face transformers on the same model and workload.
+
+Workload (defaults): the default model (SmolLM2-135M-Instruct), 64 prompts of random token ids
+with lengths uniform in [32, 256], 128 output tokens each, EOS ignored, greedy. Both engines run
+in this one process, one after the other, and the ratio is printed. Also measured: batch-1
+decode speed against the memory-bandwidth bound of this machine (weights bytes read per token /
+measured copy bandwidth).
+
+    .venv/bin/python bench/offline_throughput.py [--num-prompts 64] [--output-len 128]
+
+Results are written to bench/results/offline_throughput_<device>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform as pyplatform
+import random
+import time
+from pathlib import Path
+
+import torch
+
+
+def make_prompts(n: int, lo: int, hi: int, vocab: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    # avoid the first ids (special tokens on most vocabularies)
+    return [[rng.randrange(100, vocab) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
+
+
+def run_host(model: str | None, prompts: list[list[int]], output_len: int, max_num_seqs: int, batched_tokens: int) -> dict:
+    from host import LLM, SamplingParams
+
+    t0 = time.perf_counter()
+    llm = LLM(model, max_num_seqs=max_num_seqs, max_num_batched_tokens=batched_tokens)
+    load_s = time.perf_counter() - t0
+    params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
+    llm.generate([{"prompt_token_ids": prompts[0][:16]}], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
+    t0 = time.perf_counter()
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    elapsed = time.perf_counter() - t0
+    n_out = sum(len(o.outputs[0].token_ids) for o in outs)
+    # batch-1 decode: one request, long generation, decode steps only
+    single = [{"prompt_token_ids": prompts[0][:32]}]
+    llm.generate(single, SamplingParams(max_tokens=1, ignore_eos=True))
+    t0 = time.perf_counter()
+    one = llm.generate(single, SamplingParams(max_tokens=64, ignore_eos=True))
+    single_s = time.perf_counter() - t0
+    weight_bytes = llm.engine.executor.worker.model_runner.model_memory_bytes()
+    path = llm.config.model.resolved_path
+    llm.shutdown()
+    return {
+        "load_s": load_s,
+        "elapsed_s": elapsed,
+        "output_tokens": n_out,
+        "output_tok_s": n_out / elapsed,
+        "batch1_decode_tok_s": len(one[0].outputs[0].token_ids) / single_s,
+        "weight_bytes": weight_bytes,
+        "model_path": path,
+        "first_output": outs[0].outputs[0].token_ids[:16],
+    }
+
+
+def run_hf(path: str, prompts: list[list[int]], output_len: int, batch_size: int) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    pad = 0
+    total = 0
+    t0 = time.perf_counter()
+    first = None
+    for start in range(0, len(prompts), batch_size):
+        chunk = prompts[start : start + batch_size]
+        width = max(len(p) for p in chunk)
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in chunk])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])
+        with torch.inference_mode():
+            out = model.generate(
+                input_ids=ids, attention_mask=mask, max_new_tokens=output_len, min_new_tokens=output_len,
+                do_sample=False, pad_token_id=pad, eos_token_id=None,
+            )
+        gen = out[:, width:]
+        total += gen.numel()
+        if first is None:
+            first = gen[0, :16].tolist()
+    elapsed = time.perf_counter() - t0
+    return {"elapsed_s": elapsed, "output_tokens": total, "output_tok_s": total / elapsed, "batch_size": batch_size, "first_output": first}
+
+
+def measure_bandwidth(nbytes: int = 512 * 2**20, repeats: int = 5) -> float:
+    """Sustained memory bandwidth in bytes/s: a large tensor copy reads and writes each byte."""
+    src = torch.empty(nbytes // 4, dtype=torch.float32).fill_(1.0)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * nbytes / best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None, help="model dir or .gguf (default: SmolLM2-135M-Instruct)")
+    ap.add_argument("--num-prompts", type=int, default=64)
+    ap.add_argument("--min-len", type=int, default=32)
+    ap.add_argument("--max-len", type=int, default=256)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--max-num-seqs", type=int, default=64)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    ap.add_argument("--hf-batch-size", type=int, default=64)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+
+    from host.core.models.default_model import resolve_model_path
+
+    path = resolve_model_path(args.model)
+    from host.core.models.loader import load_hf_config
+
+    vocab = load_hf_config(path).vocab_size
+    prompts = make_prompts(args.num_prompts, args.min_len, args.max_len, vocab, args.seed)
+    ours = run_host(path, prompts, args.output_len, args.max_num_seqs, args.max_num_batched_tokens)
+    print(f"host:         {ours['output_tok_s']:8.1f} output tok/s ({ours['output_tokens']} tokens in {ours['elapsed_s']:.1f} s)")
+    peer = run_hf(path, prompts, args.output_len, args.hf_batch_size)
+    print(f"transformers: {peer['output_tok_s']:8.1f} output tok/s ({peer['output_tokens']} tokens in {peer['elapsed_s']:.1f} s, batch {args.hf_batch_size})")
+    ratio = ours["output_tok_s"] / peer["output_tok_s"]
+    print(f"ratio host / transformers: {ratio:.2f}x (target >= 3x)")
+    bw = measure_bandwidth()
+    bound = bw / ours["weight_bytes"]
+    b1 = ours["batch1_decode_tok_s"]
+    print(
+        f"batch-1 decode: {b1:.1f} tok/s; memory-bandwidth bound {bound:.1f} tok/s "
+        f"({bw / 1e9:.1f} GB/s over {ours['weight_bytes'] / 1e6:.0f} MB of weights); "
+        f"bound / ours = {bound / b1:.2f}x (target <= 1.5x)"
+    )
+    result = {
+        "benchmark": "offline_throughput",
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "machine": {"cpu_count": os.cpu_count(), "processor": pyplatform.processor() or pyplatform.machine(), "torch": torch.__version__, "threads": torch.get_num_threads()},
+        "workload": vars(args) | {"model_path": path},
+        "host": ours,
+        "transformers": peer,
+        "ratio": ratio,
+        "same_first_tokens": ours["first_output"] == peer["first_output"],
+        "batch1": {"host_tok_s": b1, "bandwidth_bytes_s": bw, "bound_tok_s": bound, "bound_over_ours": bound / b1},
+    }
+    out = Path(args.out or Path(__file__).parent / "results" / f"offline_throughput_{'cuda' if torch.cuda.is_available() else 'cpu'}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"saved {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""Choosing the attention backend: capability matching, then plugin choice, then platform."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from host.core.config import EngineConfig
+from host.core.plugins.manager import get_plugin_host
+from host.sdk.attention import AttentionBackend, AttentionRequirements
+
+logger = logging.getLogger("host.attention")
+
+
+def attention_requirements(config: EngineConfig, platform: Any, hf_config: Any, dtype: torch.dtype) -> AttentionRequirements:
+    head_size = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+    window = getattr(hf_config, "sliding_window", None) if getattr(hf_config, "use_sliding_window", False) else None
+    return AttentionRequirements(
+        device_type=platform.device_type,
+        dtype=str(dtype).replace("torch.", ""),
+        head_size=int(head_size),
+        block_size=config.cache.block_size,
+        kv_cache_dtype=config.cache.cache_dtype,
+        sliding_window=int(window) if window else None,
+    )
+
+
+def select_attention_backend(config: EngineConfig, platform: Any, hf_config: Any, dtype: torch.dtype) -> type[AttentionBackend]:
+    """The backend class for this model on this platform.
+
+    ``--attention-backend NAME`` forces one (an error says why it does not fit); otherwise the
+    candidates are the registered backends whose capabilities fit, a ``host_select_attention_
+    backend`` plugin may pick among them, and else the platform's priority order decides.
+    """
+    host = get_plugin_host()
+    registry: dict[str, type[AttentionBackend]] = host.registry("attention_backends")
+    req = attention_requirements(config, platform, hf_config, dtype)
+    if config.attention_backend:
+        cls = registry.get(config.attention_backend)
+        if cls is None:
+            raise ValueError(
+                f"--attention-backend {config.attention_backend!r} is not registered; "
+                f"registered backends: {', '.join(sorted(registry)) or 'none'}"
+            )
+        reason = cls.supports_combination(req)
+        if reason:
+            raise ValueError(f"--attention-backend {config.attention_backend!r} cannot run this model: {reason}")
+        return cls
+    reasons = {name: cls.supports_combination(req) for name, cls in registry.items()}
+    candidates = [registry[n] for n, r in reasons.items() if r is None]
+    if not candidates:
+        detail = "; ".join(r for r in reasons.values() if r) or "no attention backend is registered"
+        raise ValueError(f"no attention backend fits {req}: {detail}")
+    chosen = host.pm.hook.host_select_attention_backend(platform=platform, requirements=req, candidates=candidates)
+    name = chosen or platform.get_attn_backend_name(req, candidates)
+    if name not in registry:
+        raise ValueError(f"attention backend {name!r} chosen by a plugin is not registered")
+    logger.info("Attention backend: %s (candidates: %s)", name, ", ".join(c.name for c in candidates))
+    return registry[name]

@@ -1,0 +1,255 @@
+"""The offline API: ``from host import LLM, SamplingParams``.
+
+Shaped like vLLM's so code can switch: ``LLM(model=..., **engine_args)`` takes the engine flags
+as keywords; ``generate`` accepts strings or ``{"prompt_token_ids": [...]}`` and returns one
+:class:`RequestOutput` per prompt, in order; ``chat`` applies the tokenizer's chat template.
+The API, engine and worker roles all run in this one process.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+from host.core.engine_args import EngineArgs
+from host.core.engine_core import EngineCore
+from host.core.plugins.manager import PluginHost, get_plugin_host, set_plugin_host
+from host.core.plugins.settings import PluginSettings
+from host.core.request import Request, RequestStatus
+from host.core.sampling_params import SamplingParams
+from host.core.tokenizer import get_tokenizer
+
+logger = logging.getLogger("host.llm")
+
+
+@dataclass
+class CompletionOutput:
+    """One generated sequence of a request."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    cumulative_logprob: float | None = None
+    logprobs: Any = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestOutput:
+    """The result of one prompt: the prompt as given and its completions."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput] = field(default_factory=list)
+    finished: bool = False
+    num_cached_tokens: int = 0
+
+
+def _plugin_settings(plugins: str | None, block_plugins: str | None, strict_plugins: bool | None, platform: str | None) -> PluginHost:
+    if plugins is None and block_plugins is None and strict_plugins is None and platform is None:
+        return get_plugin_host()
+    settings = PluginSettings.from_env(plugins=plugins, block_plugins=block_plugins, strict=strict_plugins, platform=platform)
+    host = get_plugin_host()
+    if host.settings != settings:
+        from host.core.plugins.platform import reset_current_platform
+
+        host = PluginHost(settings)
+        set_plugin_host(host)
+        reset_current_platform()
+    return host
+
+
+class LLM:
+    """An engine in this process, for batch generation from Python."""
+
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        plugins: str | None = None,
+        block_plugins: str | None = None,
+        strict_plugins: bool | None = None,
+        platform: str | None = None,
+        **engine_args: Any,
+    ) -> None:
+        host = _plugin_settings(plugins, block_plugins, strict_plugins, platform)
+        for role in ("api", "engine", "worker"):
+            host.bootstrap(role)
+        self.engine_args = EngineArgs.from_kwargs(model=model, **engine_args)
+        self.config = self.engine_args.create_engine_config()
+        # skip_tokenizer_init: token ids in, token ids out (text fields stay empty)
+        self.tokenizer = None if self.engine_args.skip_tokenizer_init else get_tokenizer(self.config.model.tokenizer)
+        self.engine = EngineCore(self.config)
+        self._ids = itertools.count()
+
+    def get_tokenizer(self) -> Any:
+        return self.tokenizer
+
+    @property
+    def eos_token_id(self) -> int | None:
+        if self.tokenizer is not None:
+            return self.tokenizer.eos_token_id
+        eos = getattr(self.config.model.hf_config, "eos_token_id", None)
+        return eos[0] if isinstance(eos, list) and eos else eos
+
+    def next_request_id(self) -> str:
+        return str(next(self._ids))
+
+    def _encode(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("this LLM was built with skip_tokenizer_init=True; pass {'prompt_token_ids': [...]}")
+        return self.tokenizer.encode(text)
+
+    def _decode(self, ids: list[int], skip_special_tokens: bool) -> str:
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    # -- inputs ------------------------------------------------------------------------------
+
+    def _normalize_prompts(self, prompts: Any) -> list[tuple[str | None, list[int]]]:
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        if not isinstance(prompts, Sequence) or len(prompts) == 0:
+            raise ValueError("prompts must be a non-empty string, dict or list of them")
+        out: list[tuple[str | None, list[int]]] = []
+        for i, p in enumerate(prompts):
+            if isinstance(p, str):
+                out.append((p, self._encode(p)))
+            elif isinstance(p, dict) and "prompt_token_ids" in p:
+                ids = list(p["prompt_token_ids"])
+                if not all(isinstance(t, int) for t in ids):
+                    raise ValueError(f"prompts[{i}]['prompt_token_ids'] must be a list of ints")
+                out.append((p.get("prompt"), ids))
+            elif isinstance(p, dict) and "prompt" in p:
+                out.append((p["prompt"], self._encode(p["prompt"])))
+            else:
+                raise ValueError(
+                    f"prompts[{i}] must be a string, {{'prompt': str}} or {{'prompt_token_ids': [...]}}, "
+                    f"got {type(p).__name__}"
+                )
+        vocab = self.config.model.hf_config.vocab_size
+        for i, (_, ids) in enumerate(out):
+            if not ids:
+                raise ValueError(f"prompts[{i}] is empty; give at least one token")
+            bad = [t for t in ids if t < 0 or t >= vocab]
+            if bad:
+                raise ValueError(f"prompts[{i}] has token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
+        return out
+
+    # -- generation --------------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompts: Any,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt (batched by the scheduler); outputs in prompt order."""
+        items = self._normalize_prompts(prompts)
+        if sampling_params is None:
+            params_list = [SamplingParams() for _ in items]
+        elif isinstance(sampling_params, SamplingParams):
+            params_list = [sampling_params] * len(items)
+        else:
+            params_list = list(sampling_params)
+            if len(params_list) != len(items):
+                raise ValueError(
+                    f"got {len(params_list)} sampling_params for {len(items)} prompts; pass one, or one per prompt"
+                )
+        results: dict[str, RequestOutput] = {}
+        order: list[str] = []
+        for (text, ids), params in zip(items, params_list):
+            req_id = self.next_request_id()
+            order.append(req_id)
+            results[req_id] = RequestOutput(req_id, text, ids, [CompletionOutput(0, "", [])])
+            self.engine.add_request(Request(req_id, ids, params, eos_token_id=self.eos_token_id))
+        params_of = dict(zip(order, params_list))
+        try:
+            for _ in self._run(set(order)):
+                pass
+        except BaseException:
+            # never leave blocks behind: abort whatever this call added and has not finished
+            self.engine.abort_requests([r for r in order if r in self.engine.scheduler.requests])
+            raise
+        self._collect(results, params_of)
+        return [results[r] for r in order]
+
+    def _run(self, pending: set[str]) -> Iterator[None]:
+        self._outputs: dict[str, list[Any]] = {r: [] for r in pending}
+        while pending:
+            step = self.engine.step()
+            for out in step.outputs:
+                if out.req_id not in self._outputs:
+                    continue
+                self._outputs[out.req_id].append(out)
+                if out.finished:
+                    pending.discard(out.req_id)
+            self._apply_stop_strings(pending)
+            yield
+
+    def _apply_stop_strings(self, pending: set[str]) -> None:
+        for req_id in list(pending):
+            request = self.engine.scheduler.requests.get(req_id)
+            if request is None or not request.sampling_params.stop:
+                continue
+            text = self._decode(request.output_token_ids, request.sampling_params.skip_special_tokens)
+            if any(s in text for s in request.sampling_params.stop):
+                self.engine.finish_requests([req_id], RequestStatus.FINISHED_STOPPED)
+                pending.discard(req_id)
+                self._outputs[req_id].append(None)  # marks "finished by stop string"
+
+    def _collect(self, results: dict[str, RequestOutput], params_of: dict[str, SamplingParams]) -> None:
+        for req_id, outs in self._outputs.items():
+            res = results[req_id]
+            comp = res.outputs[0]
+            for out in outs:
+                if out is None:
+                    comp.finish_reason = "stop"
+                    continue
+                comp.token_ids.extend(out.new_token_ids)
+                if out.finish_reason is not None:
+                    comp.finish_reason = out.finish_reason
+                    comp.stop_reason = out.stop_reason
+                res.num_cached_tokens = max(res.num_cached_tokens, out.num_cached_tokens)
+            params = params_of[req_id]
+            text = self._decode(comp.token_ids, params.skip_special_tokens)
+            if comp.finish_reason == "stop" and params.stop:
+                hits = [(text.find(s), s) for s in params.stop if s in text]
+                if hits:
+                    pos, s = min(hits)
+                    text = text[:pos]
+                    comp.stop_reason = s
+            comp.text = text
+            res.finished = comp.finish_reason is not None
+
+    def chat(
+        self,
+        messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> list[RequestOutput]:
+        """Apply the tokenizer's chat template to one conversation (or a list) and generate."""
+        conversations = messages if messages and isinstance(messages[0], list) else [messages]
+        prompts = []
+        for conv in conversations:
+            text = self.tokenizer.apply_chat_template(
+                conv, tokenize=False, add_generation_prompt=add_generation_prompt, **(chat_template_kwargs or {})
+            )
+            prompts.append({"prompt": text, "prompt_token_ids": self.tokenizer.encode(text, add_special_tokens=False)})
+        return self.generate(prompts, sampling_params)
+
+    def stats(self) -> Any:
+        return self.engine.scheduler.make_stats()
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()

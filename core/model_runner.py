@@ -1,0 +1,315 @@
+"""The model runner: turns a :class:`SchedulerOutput` into one forward pass and sampled tokens.
+
+It keeps a *persistent batch*: per-request rows of token ids, computed-token counts and block
+tables that live across steps, so each step only applies what changed (new requests, new
+blocks, finished requests) instead of rebuilding the batch. Inputs (``input_ids``, ``positions``,
+``slot_mapping``, ``query_start_loc``, ``seq_lens``) are built with vectorised numpy/torch ops
+over the whole batch, never with a per-token Python loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from host.core.config import EngineConfig
+from host.core.forward_context import ForwardContext, set_forward_context
+from host.core.outputs import ModelRunnerOutput, NewRequestData, SchedulerOutput
+from host.core.sampler import Sampler
+from host.sdk.attention import AttentionBackend, CommonAttentionMetadata
+
+logger = logging.getLogger("host.model_runner")
+
+
+@dataclass
+class CachedRequestState:
+    """What the runner remembers about one request between steps."""
+
+    req_id: str
+    prompt_token_ids: list[int]
+    sampling_params: Any
+    block_ids: list[int]
+    num_computed_tokens: int
+    output_token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+
+class InputBatch:
+    """Fixed-capacity rows holding the persistent state of the running requests.
+
+    Row ``i`` has the token ids of one request (prompt then outputs), how many of them are
+    known, and its block table. Removing a request leaves a hole that :meth:`condense` fills by
+    moving the last rows down, so rows ``0..num_reqs-1`` are always dense.
+    """
+
+    def __init__(self, max_num_reqs: int, max_model_len: int, max_blocks_per_req: int) -> None:
+        self.max_num_reqs = max_num_reqs
+        self.max_model_len = max_model_len
+        self.token_ids = np.zeros((max_num_reqs, max_model_len), dtype=np.int64)
+        self.num_tokens = np.zeros(max_num_reqs, dtype=np.int64)
+        self.num_computed_tokens = np.zeros(max_num_reqs, dtype=np.int64)
+        self.block_table = np.zeros((max_num_reqs, max_blocks_per_req), dtype=np.int32)
+        self.num_blocks = np.zeros(max_num_reqs, dtype=np.int64)
+        self.req_ids: list[str | None] = []
+        self.req_id_to_index: dict[str, int] = {}
+        self.states: list[CachedRequestState | None] = []
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.req_id_to_index)
+
+    def add(self, state: CachedRequestState) -> None:
+        try:
+            index = self.req_ids.index(None)
+        except ValueError:
+            index = len(self.req_ids)
+            if index >= self.max_num_reqs:
+                raise RuntimeError(f"persistent batch is full ({self.max_num_reqs} requests)") from None
+            self.req_ids.append(None)
+            self.states.append(None)
+        self.req_ids[index] = state.req_id
+        self.states[index] = state
+        self.req_id_to_index[state.req_id] = index
+        ids = state.prompt_token_ids + state.output_token_ids
+        self.token_ids[index, : len(ids)] = ids
+        self.num_tokens[index] = len(ids)
+        self.num_computed_tokens[index] = state.num_computed_tokens
+        self.num_blocks[index] = 0
+        self.append_blocks(index, state.block_ids)
+
+    def append_blocks(self, index: int, block_ids: list[int]) -> None:
+        start = int(self.num_blocks[index])
+        end = start + len(block_ids)
+        if end > self.block_table.shape[1]:
+            raise RuntimeError(f"block table row overflow: {end} > {self.block_table.shape[1]} blocks")
+        self.block_table[index, start:end] = block_ids
+        self.num_blocks[index] = end
+
+    def remove(self, req_id: str) -> None:
+        index = self.req_id_to_index.pop(req_id, None)
+        if index is None:
+            return
+        self.req_ids[index] = None
+        self.states[index] = None
+
+    def condense(self) -> None:
+        """Move live rows from the tail into holes so live rows are ``0..num_reqs-1``."""
+        n = self.num_reqs
+        holes = [i for i in range(n) if self.req_ids[i] is None]
+        movers = [i for i in range(n, len(self.req_ids)) if self.req_ids[i] is not None]
+        for hole, src in zip(holes, movers):
+            req_id = self.req_ids[src]
+            k = int(self.num_tokens[src])
+            self.token_ids[hole, :k] = self.token_ids[src, :k]
+            self.num_tokens[hole] = k
+            self.num_computed_tokens[hole] = self.num_computed_tokens[src]
+            nb = int(self.num_blocks[src])
+            self.block_table[hole, :nb] = self.block_table[src, :nb]
+            self.num_blocks[hole] = nb
+            self.req_ids[hole] = req_id
+            self.states[hole] = self.states[src]
+            self.req_id_to_index[req_id] = hole
+        del self.req_ids[n:]
+        del self.states[n:]
+
+
+class ModelRunner:
+    """Owns the model, the KV cache tensors and the persistent batch of one worker."""
+
+    def __init__(self, config: EngineConfig, device: torch.device, platform: Any) -> None:
+        self.config = config
+        self.device = device
+        self.platform = platform
+        self.model: torch.nn.Module | None = None
+        self.hf_config: Any = None
+        self.dtype: torch.dtype = torch.float32
+        self.attn_backend: type[AttentionBackend] | None = None
+        self.kv_caches: list[torch.Tensor] = []
+        self.kv_buffer: torch.Tensor | None = None
+        self.input_batch: InputBatch | None = None
+        self.sampler = Sampler()
+        self.block_size = config.cache.block_size
+
+    # -- start-up ----------------------------------------------------------------------------
+
+    def load_model(self) -> None:
+        from host.core.attention_selector import select_attention_backend
+        from host.core.models.loader import load_model
+
+        self.dtype = getattr(torch, self.config.model.dtype)  # resolved by EngineArgs
+        self.attn_backend = select_attention_backend(self.config, self.platform, self.config.model.hf_config, self.dtype)
+        self.model, self.hf_config = load_model(
+            self.config.model, self.config.load, self.attn_backend, device=self.device
+        )
+        self.model.eval()
+        logger.info(
+            "Loaded %s (%s) with attention backend %s",
+            self.config.model.architecture,
+            self.config.model.dtype,
+            self.attn_backend.name,
+        )
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.hf_config.num_hidden_layers)
+
+    @property
+    def num_kv_heads(self) -> int:
+        return int(getattr(self.hf_config, "num_key_value_heads", None) or self.hf_config.num_attention_heads)
+
+    @property
+    def head_size(self) -> int:
+        return int(getattr(self.hf_config, "head_dim", None) or self.hf_config.hidden_size // self.hf_config.num_attention_heads)
+
+    def get_kv_cache_specs(self) -> list[Any]:
+        """One spec per attention layer (all full attention for the supported models)."""
+        from host.core.kv_cache.spec import FullAttentionSpec, SlidingWindowSpec
+
+        window = getattr(self.hf_config, "sliding_window", None) if getattr(self.hf_config, "use_sliding_window", False) else None
+        specs = []
+        for _ in range(self.num_layers):
+            if window:
+                specs.append(SlidingWindowSpec(self.block_size, self.num_kv_heads, self.head_size, self.config.model.dtype, sliding_window=int(window)))
+            else:
+                specs.append(FullAttentionSpec(self.block_size, self.num_kv_heads, self.head_size, self.config.model.dtype))
+        return specs
+
+    def model_memory_bytes(self) -> int:
+        assert self.model is not None
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        """Allocate one flat buffer for every layer's KV cache and view it per layer."""
+        assert self.attn_backend is not None
+        shape = self.attn_backend.get_kv_cache_shape(num_blocks, self.block_size, self.num_kv_heads, self.head_size)
+        per_layer = int(np.prod(shape))
+        self.kv_buffer = torch.zeros(per_layer * self.num_layers, dtype=self.dtype, device=self.device)
+        self.kv_caches = [
+            self.kv_buffer[i * per_layer : (i + 1) * per_layer].view(shape) for i in range(self.num_layers)
+        ]
+        max_model_len = self.config.scheduler.max_model_len
+        max_blocks = -(-max_model_len // self.block_size)
+        self.input_batch = InputBatch(self.config.scheduler.max_num_seqs, max_model_len, max_blocks)
+        self.num_blocks = num_blocks
+        logger.info(
+            "KV cache: %d blocks of %d tokens, %.1f MiB", num_blocks, self.block_size, self.kv_buffer.numel() * self.kv_buffer.element_size() / 2**20
+        )
+
+    # -- one step ----------------------------------------------------------------------------
+
+    def _update_states(self, so: SchedulerOutput) -> None:
+        batch = self.input_batch
+        assert batch is not None
+        for req_id in so.finished_req_ids | so.preempted_req_ids:
+            batch.remove(req_id)
+        for new in so.scheduled_new_reqs:
+            batch.remove(new.req_id)  # resumed after preemption: start over
+            batch.add(self._state_from_new(new))
+        cached = so.scheduled_cached_reqs
+        for req_id, new_blocks, computed in zip(cached.req_ids, cached.new_block_ids, cached.num_computed_tokens):
+            index = batch.req_id_to_index[req_id]
+            batch.num_computed_tokens[index] = computed
+            if new_blocks:
+                batch.append_blocks(index, new_blocks)
+                batch.states[index].block_ids.extend(new_blocks)
+        batch.condense()
+
+    @staticmethod
+    def _state_from_new(new: NewRequestData) -> CachedRequestState:
+        return CachedRequestState(
+            req_id=new.req_id,
+            prompt_token_ids=list(new.prompt_token_ids),
+            sampling_params=new.sampling_params,
+            block_ids=list(new.block_ids),
+            num_computed_tokens=new.num_computed_tokens,
+            output_token_ids=list(new.output_token_ids),
+        )
+
+    def _prepare_inputs(self, so: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, CommonAttentionMetadata, np.ndarray, list[str]]:
+        batch = self.input_batch
+        assert batch is not None
+        num_reqs = batch.num_reqs
+        req_ids = [r for r in batch.req_ids[:num_reqs]]
+        num_scheduled = np.array([so.num_scheduled_tokens[r] for r in req_ids], dtype=np.int64)
+        total = int(num_scheduled.sum())
+        cu = np.cumsum(num_scheduled)
+        req_indices = np.repeat(np.arange(num_reqs), num_scheduled)
+        offsets = np.arange(total) - np.repeat(cu - num_scheduled, num_scheduled)
+        computed = batch.num_computed_tokens[:num_reqs]
+        positions = computed[req_indices] + offsets
+        flat_index = req_indices * batch.max_model_len + positions
+        input_ids = batch.token_ids.reshape(-1)[flat_index]
+        block_numbers = batch.block_table[req_indices, positions // self.block_size]
+        slot_mapping = block_numbers.astype(np.int64) * self.block_size + positions % self.block_size
+        query_start_loc = np.zeros(num_reqs + 1, dtype=np.int32)
+        query_start_loc[1:] = cu
+        seq_lens = (computed + num_scheduled).astype(np.int32)
+        max_blocks = int(batch.num_blocks[:num_reqs].max()) if num_reqs else 0
+        dev = self.device
+        qsl_cpu = torch.from_numpy(query_start_loc)
+        seq_cpu = torch.from_numpy(seq_lens)
+        common = CommonAttentionMetadata(
+            query_start_loc=qsl_cpu.to(dev),
+            seq_lens=seq_cpu.to(dev),
+            block_table=torch.from_numpy(batch.block_table[:num_reqs, :max_blocks].copy()).to(dev),
+            slot_mapping=torch.from_numpy(slot_mapping).to(dev),
+            num_reqs=num_reqs,
+            num_actual_tokens=total,
+            max_query_len=int(num_scheduled.max()) if num_reqs else 0,
+            max_seq_len=int(seq_lens.max()) if num_reqs else 0,
+            block_size=self.block_size,
+            query_start_loc_cpu=qsl_cpu,
+            seq_lens_cpu=seq_cpu,
+        )
+        return (
+            torch.from_numpy(input_ids).to(dev),
+            torch.from_numpy(positions).to(dev),
+            common,
+            num_scheduled,
+            req_ids,
+        )
+
+    @torch.inference_mode()
+    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        assert self.model is not None and self.attn_backend is not None and self.input_batch is not None
+        self._update_states(so)
+        batch = self.input_batch
+        if so.total_num_scheduled_tokens == 0 or batch.num_reqs == 0:
+            return ModelRunnerOutput(req_ids=[], req_id_to_index={}, sampled_token_ids=[])
+        input_ids, positions, common, num_scheduled, req_ids = self._prepare_inputs(so)
+        builder = self.attn_backend.get_builder_cls()(self.attn_backend, self.device)
+        attn_metadata = builder.build(common)
+        with set_forward_context(ForwardContext(attn_metadata, self.kv_caches)):
+            hidden = self.model(input_ids, positions)
+        logits_indices = torch.from_numpy(np.cumsum(num_scheduled) - 1).to(self.device)
+        logits = self.model.compute_logits(hidden[logits_indices])
+        states = [batch.states[i] for i in range(batch.num_reqs)]
+        sampled = self.sampler(logits, [s.sampling_params for s in states], [s.output_token_ids for s in states]).tolist()
+
+        num_reqs = batch.num_reqs
+        computed_after = batch.num_computed_tokens[:num_reqs] + num_scheduled
+        sampled_lists: list[list[int]] = []
+        for i in range(num_reqs):
+            state = states[i]
+            if computed_after[i] < batch.num_tokens[i]:
+                sampled_lists.append([])  # a prefill chunk that did not reach the end yet
+                continue
+            token = int(sampled[i])
+            n = int(batch.num_tokens[i])
+            if n < batch.max_model_len:
+                batch.token_ids[i, n] = token
+            batch.num_tokens[i] = n + 1
+            state.output_token_ids.append(token)
+            sampled_lists.append([token])
+        return ModelRunnerOutput(
+            req_ids=req_ids,
+            req_id_to_index={r: i for i, r in enumerate(req_ids)},
+            sampled_token_ids=sampled_lists,
+        )
