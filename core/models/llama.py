@@ -18,7 +18,13 @@ import torch
 from torch import nn
 
 from host.core.models.attention_layer import Attention
-from host.core.models.layers import RMSNorm, RotaryEmbedding, SiluAndMul, apply_rotary, rope_parameters_from_config
+from host.core.models.layers import (
+    RMSNorm,
+    RotaryEmbedding,
+    SiluAndMul,
+    apply_rotary,
+    rope_parameters_from_config,
+)
 
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 # Hugging Face sub-projection -> (our fused parameter, shard id)
@@ -112,8 +118,9 @@ class GatedMLP(nn.Module):
             raise ValueError(f"hidden_act={act!r} is not supported by this model; only 'silu' is")
         bias = bool(getattr(config, "mlp_bias", False))
         self.intermediate_size = config.intermediate_size
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=bias, dtype=dtype)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias, dtype=dtype)
+        hidden, inter = config.hidden_size, config.intermediate_size
+        self.gate_up_proj = nn.Linear(hidden, 2 * inter, bias=bias, dtype=dtype)
+        self.down_proj = nn.Linear(inter, hidden, bias=bias, dtype=dtype)
         self.act = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -123,7 +130,9 @@ class GatedMLP(nn.Module):
 class DecoderLayer(nn.Module):
     """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
 
-    def __init__(self, config: Any, layer_idx: int, dtype: torch.dtype, attn_backend: type | None, **attn_kw: bool) -> None:
+    def __init__(
+        self, config: Any, layer_idx: int, dtype: torch.dtype, attn_backend: type | None, **attn_kw: bool
+    ) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
         self.self_attn = DecoderAttention(config, layer_idx, dtype, attn_backend, **attn_kw)
@@ -138,11 +147,14 @@ class DecoderLayer(nn.Module):
 class DecoderModel(nn.Module):
     """Embedding, the decoder layers and the final norm (Hugging Face's ``model.`` prefix)."""
 
-    def __init__(self, config: Any, dtype: torch.dtype, attn_backend: type | None, **attn_kw: bool) -> None:
+    def __init__(
+        self, config: Any, dtype: torch.dtype, attn_backend: type | None, **attn_kw: bool
+    ) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, i, dtype, attn_backend, **attn_kw) for i in range(config.num_hidden_layers)
+            DecoderLayer(config, i, dtype, attn_backend, **attn_kw)
+            for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
         self.rotary_emb = RotaryEmbedding(
@@ -174,7 +186,9 @@ class LlamaForCausalLM(nn.Module):
 
     qk_norm = False
 
-    def __init__(self, hf_config: Any, dtype: torch.dtype = torch.float32, attn_backend: type | None = None) -> None:
+    def __init__(
+        self, hf_config: Any, dtype: torch.dtype = torch.float32, attn_backend: type | None = None
+    ) -> None:
         super().__init__()
         self.config = hf_config
         self.dtype = dtype

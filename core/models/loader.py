@@ -116,7 +116,10 @@ def iter_hf_weights(path: str) -> Iterator[tuple[str, torch.Tensor]]:
         return
     bins = sorted(glob.glob(os.path.join(path, "pytorch_model*.bin")))
     if not bins:
-        raise ValueError(f"{path} holds no *.safetensors or pytorch_model*.bin weights; use load_format='dummy' for random weights")
+        raise ValueError(
+            f"{path} holds no *.safetensors or pytorch_model*.bin weights; "
+            "use load_format='dummy' for random weights"
+        )
     for file in bins:
         yield from torch.load(file, map_location="cpu", weights_only=True).items()
 
