@@ -149,7 +149,8 @@ def load_model(
     """Build the model ``model_config`` names on ``device`` and load its weights.
 
     Returns ``(model, hf_config)``; the model is in eval mode with gradients off. Also fills
-    ``model_config.hf_config``, ``.architecture`` and ``.resolved_path``.
+    ``model_config.hf_config``, ``.architecture`` and ``.resolved_path``; a config already there
+    for the same resolved path is reused instead of parsed again.
     """
     path = resolve_model_path(model_config.model)
     fmt = load_config.load_format
@@ -158,8 +159,14 @@ def load_model(
         raise ValueError(f"load_format='gguf' needs a .gguf file, got {path}")
     if fmt == "safetensors" and gguf:
         raise ValueError(f"load_format='safetensors' needs a model directory, got the GGUF file {path}")
-    checkpoint = GGUFCheckpoint(path) if gguf else None
-    hf_config = checkpoint.hf_config() if checkpoint is not None else load_hf_config(path)
+    reuse_config = model_config.hf_config is not None and model_config.resolved_path == path
+    checkpoint = GGUFCheckpoint(path) if gguf and not (reuse_config and fmt == "dummy") else None
+    if reuse_config:  # already parsed by EngineArgs; opening a GGUF twice costs seconds
+        hf_config = model_config.hf_config
+    elif checkpoint is not None:
+        hf_config = checkpoint.hf_config()
+    else:
+        hf_config = load_hf_config(path)
     architecture = get_model_architecture(hf_config)
     model_cls = resolve_model_class([architecture])
     dtype = resolve_dtype(model_config.dtype, hf_config, device)
