@@ -88,6 +88,7 @@ def main() -> None:
         bench("decode 64 x ctx 256", [(256, 1)] * 64, dtype, 20)
         bench("decode 64 x ctx 100..400", [(c, 1) for c in varied], dtype, 20)
         bench("decode 8 x ctx 256", [(256, 1)] * 8, dtype, 50)
+        bench("decode 1 x ctx 256", [(256, 1)], dtype, 200)
         bench("prefill 1 x 512", [(0, 512)], dtype, 5)
         bench("mixed 60 decodes + chunk 256 (ctx 512)", [(c, 1) for c in varied[:60]] + [(512, 256)], dtype, 10)
 

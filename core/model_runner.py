@@ -135,6 +135,7 @@ class ModelRunner:
         self.kv_buffer: torch.Tensor | None = None
         self.input_batch: InputBatch | None = None
         self.sampler = Sampler()
+        self._attn_builder: Any = None
         self.block_size = config.cache.block_size
 
     # -- start-up ----------------------------------------------------------------------------
@@ -284,8 +285,10 @@ class ModelRunner:
         if so.total_num_scheduled_tokens == 0 or batch.num_reqs == 0:
             return ModelRunnerOutput(req_ids=[], req_id_to_index={}, sampled_token_ids=[])
         input_ids, positions, common, num_scheduled, req_ids = self._prepare_inputs(so)
-        builder = self.attn_backend.get_builder_cls()(self.attn_backend, self.device)
-        attn_metadata = builder.build(common)
+        if self._attn_builder is None:
+            # one builder for the runner's life, so its scratch buffers carry over between steps
+            self._attn_builder = self.attn_backend.get_builder_cls()(self.attn_backend, self.device)
+        attn_metadata = self._attn_builder.build(common)
         with set_forward_context(ForwardContext(attn_metadata, self.kv_caches)):
             hidden = self.model(input_ids, positions)
         logits_indices = torch.from_numpy(np.cumsum(num_scheduled) - 1).to(self.device)
