@@ -150,6 +150,8 @@ class ModelRunner:
             self.config.model, self.config.load, self.attn_backend, device=self.device
         )
         self.model.eval()
+        self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        self.platform.prepare_model(self.model, self.config)
         logger.info(
             "Loaded %s (%s) with attention backend %s",
             self.config.model.architecture,
@@ -183,8 +185,8 @@ class ModelRunner:
         return specs
 
     def model_memory_bytes(self) -> int:
-        assert self.model is not None
-        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+        """Bytes of the model's weights as loaded (before any platform repacking)."""
+        return self.weight_bytes
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         """Allocate one flat buffer for every layer's KV cache and view it per layer."""

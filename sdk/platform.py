@@ -121,6 +121,13 @@ class Platform:
                 return name
         return candidates[0].name
 
+    def prepare_model(self, model: Any, config: Any) -> None:
+        """Optimise a loaded model in place for this hardware (repack weights, fuse layers...).
+
+        Called once by the model runner after the weights are loaded. Must not change results
+        beyond floating-point rounding. Default: nothing.
+        """
+
     def get_device_communicator_cls(self) -> str | None:
         """The qualified name of the class doing collective communication, if any."""
         return None

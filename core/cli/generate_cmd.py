@@ -14,21 +14,49 @@ def _engine_kwargs(**kw: Any) -> dict[str, Any]:
     return {k: v for k, v in kw.items() if v is not None}
 
 
+def _parse_bytes(value: str | None) -> int | None:
+    """``--kv-cache-memory 2GiB`` / ``512MiB`` / a plain byte count."""
+    if value is None:
+        return None
+    units = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9, "b": 1}
+    text = value.strip().lower()
+    for suffix, mult in units.items():
+        if text.endswith(suffix):
+            number = text[: -len(suffix)].strip()
+            break
+    else:
+        number, mult = text, 1
+    try:
+        return int(float(number) * mult)
+    except ValueError:
+        raise typer.BadParameter(f"{value!r} is not a size; use e.g. 2GiB, 512MiB or a byte count", param_hint="--kv-cache-memory") from None
+
+
 def generate_cmd(
     prompt: list[str] = typer.Argument(..., help="One or more prompts."),
     model: Optional[str] = ModelOpt,
     max_tokens: int = typer.Option(64, "--max-tokens", help="Tokens to generate per prompt."),
     temperature: float = typer.Option(0.0, "--temperature", help="0 means greedy."),
-    dtype: Optional[str] = typer.Option(None, "--dtype"),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="auto, float32 or bfloat16."),
+    max_model_len: Optional[int] = typer.Option(None, "--max-model-len"),
     max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs"),
     max_num_batched_tokens: Optional[int] = typer.Option(None, "--max-num-batched-tokens"),
+    kv_cache_memory: Optional[str] = typer.Option(None, "--kv-cache-memory", help="KV cache budget, e.g. 1GiB."),
+    gpu_memory_utilization: Optional[float] = typer.Option(None, "--gpu-memory-utilization"),
+    enable_prefix_caching: Optional[bool] = typer.Option(None, "--enable-prefix-caching/--no-enable-prefix-caching"),
+    load_format: Optional[str] = typer.Option(None, "--load-format", help="auto, safetensors, gguf or dummy."),
     plugins: Optional[str] = typer.Option(None, "--plugins"),
 ) -> None:
     """Complete each PROMPT with the model and print the results."""
     from host import LLM, SamplingParams
 
     try:
-        llm = LLM(model, plugins=plugins, **_engine_kwargs(dtype=dtype, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens))
+        llm = LLM(model, plugins=plugins, **_engine_kwargs(
+            dtype=dtype, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens, kv_cache_memory=_parse_bytes(kv_cache_memory),
+            gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=enable_prefix_caching,
+            load_format=load_format,
+        ))
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature)
         outputs = llm.generate(list(prompt), params)
     except ValueError as exc:

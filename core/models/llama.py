@@ -201,6 +201,9 @@ class LlamaForCausalLM(nn.Module):
             o_bias=self.o_bias(hf_config),
             qk_norm=self.qk_norm,
         )
+        # a platform may set this to a module computing ``hidden @ lm_head.weight^T`` faster
+        # (for example with repacked weights); see Platform.prepare_model
+        self.logits_head: nn.Module | None = None
         if self.tie_word_embeddings:
             self.lm_head = self.model.embed_tokens
         else:
@@ -212,6 +215,8 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """float32 logits [num_tokens, vocab_size] for the given hidden states."""
+        if self.logits_head is not None:
+            return self.logits_head(hidden_states).float()
         return torch.nn.functional.linear(hidden_states, self.lm_head.weight).float()
 
     # -- weights -------------------------------------------------------------------------------

@@ -35,6 +35,12 @@ class CpuPlatform(Platform):
                 f"{', '.join(self.supported_dtypes)} (--dtype float32)"
             )
 
+    def prepare_model(self, model: Any, config: Any) -> None:
+        """Repack linear weights for oneDNN (about 1.5-2x faster GEMMs on decode batches)."""
+        from host.plugins.builtin_cpu.packed_linear import pack_model_linears
+
+        pack_model_linears(model, batch_hint=config.scheduler.max_num_seqs)
+
     def get_device_total_memory(self, device_id: int = 0) -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
