@@ -152,9 +152,17 @@ class LLM:
         prompts: Any,
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = False,
+        priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
-        """Generate for every prompt (batched by the scheduler); outputs in prompt order."""
+        """Generate for every prompt (batched by the scheduler); outputs in prompt order.
+
+        ``priority`` (one int per prompt, lower is served first) applies with
+        ``scheduling_policy="priority"``.
+        """
         items = self._normalize_prompts(prompts)
+        if priority is not None and len(priority) != len(items):
+            raise ValueError(f"got {len(priority)} priorities for {len(items)} prompts; pass one per prompt")
+        priorities = list(priority) if priority is not None else [0] * len(items)
         if sampling_params is None:
             params_list = [SamplingParams() for _ in items]
         elif isinstance(sampling_params, SamplingParams):
@@ -168,11 +176,11 @@ class LLM:
         results: dict[str, RequestOutput] = {}
         order: list[str] = []
         try:
-            for (text, ids), params in zip(items, params_list):
+            for (text, ids), params, prio in zip(items, params_list, priorities):
                 req_id = self.next_request_id()
                 order.append(req_id)
                 results[req_id] = RequestOutput(req_id, text, ids, [CompletionOutput(0, "", [])])
-                self.engine.add_request(Request(req_id, ids, params, eos_token_id=self.eos_token_id))
+                self.engine.add_request(Request(req_id, ids, params, eos_token_id=self.eos_token_id, priority=prio))
             for _ in self._run(set(order)):
                 pass
         except BaseException:
@@ -184,6 +192,7 @@ class LLM:
 
     def _run(self, pending: set[str]) -> Iterator[None]:
         self._outputs: dict[str, list[Any]] = {r: [] for r in pending}
+        self.last_finish_order: list[str] = []
         while pending:
             step = self.engine.step()
             for out in step.outputs:
@@ -192,6 +201,7 @@ class LLM:
                 self._outputs[out.req_id].append(out)
                 if out.finished:
                     pending.discard(out.req_id)
+                    self.last_finish_order.append(out.req_id)
             self._apply_stop_strings(pending)
             yield
 
@@ -204,6 +214,7 @@ class LLM:
             if any(s in text for s in request.sampling_params.stop):
                 self.engine.finish_requests([req_id], RequestStatus.FINISHED_STOPPED)
                 pending.discard(req_id)
+                self.last_finish_order.append(req_id)
                 self._outputs[req_id].append(None)  # marks "finished by stop string"
 
     def _collect(self, results: dict[str, RequestOutput], params_of: dict[str, SamplingParams]) -> None:

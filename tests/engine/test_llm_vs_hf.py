@@ -160,3 +160,43 @@ def test_abort_and_bad_input_free_blocks(tiny_models):
 def test_engine_arguments_are_validated():
     with pytest.raises(ValueError, match="unknown engine argument.*max_num_seq\\b"):
         LLM(skip_tokenizer_init=True, max_num_seq=4)
+
+
+def test_kv_cache_is_sized_from_the_memory_budget(tiny_models, caplog):
+    import logging
+
+    path, _ = tiny_models["llama"]
+    # per block: 2 (K,V) x 2 layers x 2 kv heads x 16 head size x 16 tokens x 4 bytes = 8 KiB
+    with caplog.at_level(logging.INFO, logger="host.engine"):
+        llm = LLM(path, skip_tokenizer_init=True, max_model_len=128, kv_cache_memory=100 * 8192 + 100)
+    assert llm.engine.kv_cache_manager.num_blocks == 100
+    assert llm.engine.kv_cache_config.page_size_bytes == 8192
+    assert any("KV cache: 100 blocks" in r.getMessage() for r in caplog.records)
+    assert len(llm.engine.executor.worker.model_runner.kv_caches) == 2  # one view per layer
+    buffer = llm.engine.executor.worker.model_runner.kv_buffer
+    assert all(c.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr() for c in llm.engine.executor.worker.model_runner.kv_caches)
+    with pytest.raises(ValueError, match="--kv-cache-memory"):
+        LLM(path, skip_tokenizer_init=True, max_model_len=128, kv_cache_memory=4 * 8192)
+
+
+def test_dummy_weights_run_without_reading_files(tiny_models, tmp_path):
+    import shutil
+
+    path, _ = tiny_models["qwen3"]
+    config_only = tmp_path / "config-only"
+    config_only.mkdir()
+    shutil.copy(f"{path}/config.json", config_only / "config.json")
+    llm = LLM(str(config_only), load_format="dummy", skip_tokenizer_init=True, max_model_len=64)
+    a = run(llm, [[5, 6, 7]], 4)
+    b = run(LLM(str(config_only), load_format="dummy", skip_tokenizer_init=True, max_model_len=64), [[5, 6, 7]], 4)
+    assert a == b and len(a[0]) == 4  # seeded: reproducible
+
+
+def test_priority_policy_serves_urgent_requests_first(tiny_models):
+    path, hf = tiny_models["llama"]
+    llm = LLM(path, skip_tokenizer_init=True, max_model_len=64, max_num_seqs=1, scheduling_policy="priority")
+    prompts = prompts_of([4, 4, 4], seed=9)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True), priority=[5, 0, 1])
+    finish = llm.last_finish_order
+    assert finish == [outs[1].request_id, outs[2].request_id, outs[0].request_id]
+    assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(hf, p, 3) for p in prompts]
