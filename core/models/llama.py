@@ -96,14 +96,15 @@ class DecoderAttention(nn.Module):
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         n = hidden.shape[0]
-        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(n, self.num_heads, self.head_dim)
-        k = k.view(n, self.num_kv_heads, self.head_dim)
+        qkv = self.qkv_proj(hidden)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.q_norm is not None:
-            q = self.q_norm(q)
-            k = self.k_norm(k)
-        q = apply_rotary(q, cos, sin)
-        k = apply_rotary(k, cos, sin)
+            q = apply_rotary(self.q_norm(q.view(n, self.num_heads, self.head_dim)), cos, sin)
+            k = apply_rotary(self.k_norm(k.view(n, self.num_kv_heads, self.head_dim)), cos, sin)
+        else:
+            # q and k are adjacent in the fused projection: rotate both heads' sets at once
+            qk = qkv[:, : self.q_size + self.kv_size].view(n, self.num_heads + self.num_kv_heads, self.head_dim)
+            q, k = apply_rotary(qk, cos, sin).split([self.num_heads, self.num_kv_heads], dim=1)
         out = self.attn(q.reshape(n, self.q_size), k.reshape(n, self.kv_size), v.contiguous())
         return self.o_proj(out)
 

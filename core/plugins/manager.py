@@ -405,48 +405,21 @@ class PluginHost:
 
     # -- calling hooks -----------------------------------------------------------------------
 
-    def _record_for_plugin(self, plugin_name: str) -> PluginRecord | None:
-        return self.records.get(plugin_name)
-
     def call_each(self, hook_name: str, _only: set[str] | None = None, **kwargs: Any) -> list[tuple[str, Any]]:
         """Call every implementation of ``hook_name`` separately, in pluggy order.
 
         A raising implementation is recorded as a failure of its plugin and unregistered; the
         others still run. ``_only`` limits the call to those plugin keys. Returns
-        ``(plugin_key, result)`` pairs.
+        ``(plugin_key, result)`` pairs of the implementations that succeeded.
         """
         caller = getattr(self.pm.hook, hook_name)
         results: list[tuple[str, Any]] = []
         for impl in reversed(caller.get_hookimpls()):  # pluggy calls the last registered first
             if _only is not None and impl.plugin_name not in _only:
                 continue
-            if self.settings.trace:
-                trace_logger.info("call %s -> %s(%s)", impl.plugin_name, hook_name, _fmt_kwargs(kwargs))
-            start = time.perf_counter()
-            try:
-                result = impl.function(**{k: kwargs[k] for k in impl.argnames if k in kwargs})
-            except Exception as exc:  # noqa: BLE001 - isolate the plugin
-                record = self._record_for_plugin(impl.plugin_name)
-                reason = f"hook {hook_name} raised {type(exc).__name__}: {exc}"
-                if record is None:
-                    raise
-                cand = next((c for c in self.candidates if c.key == impl.plugin_name), None)
-                if cand is not None:
-                    self._fail(cand, record, reason)
-                else:
-                    record.status, record.reason, record.fatal = FAILED, reason, True
-                    logger.warning("Plugin %s failed: %s", record.name, reason)
-                self.pm.unregister(name=impl.plugin_name)
-                continue
-            if self.settings.trace:
-                trace_logger.info(
-                    "done %s -> %s in %.3f ms: %r",
-                    impl.plugin_name,
-                    hook_name,
-                    (time.perf_counter() - start) * 1e3,
-                    result,
-                )
-            results.append((impl.plugin_name, result))
+            ok, result = self._call_one(impl, hook_name, **kwargs)
+            if ok:
+                results.append((impl.plugin_name, result))
         return results
 
     def registry(self, kind: str) -> dict[str, Any]:
@@ -494,23 +467,35 @@ class PluginHost:
         self._raise_fatal(True)
         return reg
 
-    def _call_one(self, impl: Any, hook_name: str, **kwargs: Any) -> None:
-        """Call one implementation, recording a failure like :meth:`call_each` does."""
+    def _call_one(self, impl: Any, hook_name: str, **kwargs: Any) -> tuple[bool, Any]:
+        """Call one implementation; on an exception, record the plugin as failed, unregister it
+        and return ``(False, None)``. A :class:`PluginError` (a host-side verdict such as a
+        duplicate registry name) propagates."""
         if self.settings.trace:
             trace_logger.info("call %s -> %s(%s)", impl.plugin_name, hook_name, _fmt_kwargs(kwargs))
+        start = time.perf_counter()
         try:
-            impl.function(**{k: kwargs[k] for k in impl.argnames if k in kwargs})
+            result = impl.function(**{k: kwargs[k] for k in impl.argnames if k in kwargs})
         except PluginError:
             raise
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - isolate the plugin
             record = self.records.get(impl.plugin_name)
+            if record is None:
+                raise
             reason = f"hook {hook_name} raised {type(exc).__name__}: {exc}"
             cand = next((c for c in self.candidates if c.key == impl.plugin_name), None)
-            if record is not None and cand is not None:
+            if cand is not None:
                 self._fail(cand, record, reason)
-            elif record is not None:
+            else:  # an in-memory plugin: registered on purpose, so its failure is fatal
                 record.status, record.reason, record.fatal = FAILED, reason, True
+                logger.warning("Plugin %s failed: %s", record.name, reason)
             self.pm.unregister(name=impl.plugin_name)
+            return False, None
+        if self.settings.trace:
+            trace_logger.info(
+                "done %s -> %s in %.3f ms: %r", impl.plugin_name, hook_name, (time.perf_counter() - start) * 1e3, result
+            )
+        return True, result
 
     def _invalidate(self) -> None:
         self._registries.clear()
