@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
+from host.plugins.builtin_cpu.kernels import paged_decode_kernel
 from host.sdk.attention import (
     AttentionBackend,
     AttentionImpl,
@@ -95,6 +96,16 @@ class CpuAttentionGroup:
     use_is_causal: bool  # fresh prompts of equal length: kernel-native causal mask, no tensor
     # filled on first use by the first layer of a step: masks, K+V page ids
     _cache: dict[tuple[Any, ...], torch.Tensor | None] = field(default_factory=dict, repr=False)
+
+    def decode_tables(self, md: "CpuPagedAttentionMetadata") -> tuple[torch.Tensor, torch.Tensor]:
+        """int32 block-table rows and sequence lengths of this group's requests (built on
+        first use, then shared by every layer)."""
+        key = ("decode_tables",)
+        if key not in self._cache:
+            tables = md.block_table.index_select(0, self.req_indices).to(torch.int32).contiguous()
+            lens = md.seq_lens.index_select(0, self.req_indices).to(torch.int32).contiguous()
+            self._cache[key] = (tables, lens)  # type: ignore[assignment]
+        return self._cache[key]  # type: ignore[return-value]
 
     def kv_page_ids(self, num_blocks: int) -> torch.Tensor:
         """Page ids into the cache viewed as ``[2 * num_blocks, ...]``: K pages, then V pages."""
@@ -356,6 +367,32 @@ class CpuPagedAttentionImpl(AttentionImpl):
             self._attend(group, query, kv_cache, md, output)
         return output
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # built (or found in the build cache) once per process, at model construction
+        self._decode_kernel = paged_decode_kernel()
+
+    def _attend_decode_kernel(
+        self,
+        g: CpuAttentionGroup,
+        query: torch.Tensor,
+        kv_cache: torch.Tensor,
+        md: CpuPagedAttentionMetadata,
+        output: torch.Tensor,
+    ) -> None:
+        """Single-token queries: the compiled kernel reads the pages in place (no gather)."""
+        if g.query_token_range is not None:
+            q = query[g.query_token_range[0] : g.query_token_range[1]]
+        else:
+            q = query.index_select(0, g.query_token_index)
+        q = q.reshape(g.num_reqs, self.num_heads, self.head_size).contiguous()
+        tables, lens = g.decode_tables(md)
+        out = self._decode_kernel(q, kv_cache[0], kv_cache[1], tables, lens, self.scale, self.sliding_window or 0)
+        if g.query_token_range is not None:
+            output[g.query_token_range[0] : g.query_token_range[1]].copy_(out)
+        else:
+            output.index_copy_(0, g.output_token_index, out)
+
     @staticmethod
     def _write_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, md: CpuPagedAttentionMetadata) -> None:
         if md.write_slots.numel() == 0:
@@ -379,6 +416,9 @@ class CpuPagedAttentionImpl(AttentionImpl):
         n, mq, heads, hd = g.num_reqs, g.max_query_len, self.num_heads, self.head_size
         kv_heads, bs = kv_cache.shape[-2], kv_cache.shape[2]
         rep = heads // kv_heads
+        if mq == 1 and g.causal and self._decode_kernel is not None and kv_cache.dtype == torch.float32:
+            self._attend_decode_kernel(g, query, kv_cache, md, output)
+            return
 
         # 1. gather the group's pages into the workspace: [2, n * blocks, bs, kv_heads, hd]
         kv = md.workspace.get("kv", (2, g.kv_block_ids.numel(), bs, kv_heads, hd), kv_cache.dtype)

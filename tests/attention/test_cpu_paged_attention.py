@@ -259,3 +259,28 @@ def test_non_contiguous_cache_view_and_inference_mode() -> None:
     with torch.inference_mode():
         out = run(batch)
     torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("window", [None, 7])
+def test_compiled_decode_kernel_and_torch_path_both_match_dense(window) -> None:
+    """Decode rows go through the compiled kernel when it builds; the torch path stays correct
+    (it is the fallback) and both match the dense reference."""
+    from host.plugins.builtin_cpu.kernels import paged_decode_kernel
+
+    kernel = paged_decode_kernel()
+    assert kernel is not None, "the C++ decode kernel should build on this machine"
+    gen = torch.Generator().manual_seed(5)
+    lens = torch.randint(1, 200, (24,), generator=gen).tolist()
+    batch = make_batch([(c, 1) for c in lens] + [(10, 5)], 16)
+    ref = dense_reference(batch, 1 / math.sqrt(HEAD_SIZE), sliding_window=window)
+    md = CpuPagedAttentionMetadataBuilder(CpuPagedAttentionBackend, "cpu").build(batch.common)
+    impl = CpuPagedAttentionBackend.get_impl_cls()(HEADS, HEAD_SIZE, 1 / math.sqrt(HEAD_SIZE), KV_HEADS, window)
+    calls = []
+    impl._decode_kernel = lambda *a: calls.append(1) or kernel(*a)
+    cache = batch.kv_cache.clone()
+    out_kernel = impl.forward(batch.query, batch.key, batch.value, cache, md)
+    assert calls, "decode groups must use the compiled kernel"
+    torch.testing.assert_close(out_kernel.double(), ref, atol=1e-5, rtol=1e-5)
+    impl._decode_kernel = None
+    out_torch = impl.forward(batch.query, batch.key, batch.value, batch.kv_cache.clone(), md)
+    torch.testing.assert_close(out_torch.double(), ref, atol=1e-5, rtol=1e-5)
