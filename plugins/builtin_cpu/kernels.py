@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import sys
 from typing import Any, Callable
 
 logger = logging.getLogger("host.cpu")
@@ -98,6 +100,24 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
 }
 """
 
+def _ensure_ninja_on_path() -> None:
+    """torch looks for ``ninja`` on PATH; the pip ``ninja`` package puts it next to the
+    interpreter, which is not on PATH when a virtual environment is used without activating it."""
+    if shutil.which("ninja") is not None:
+        return
+    candidates = [os.path.dirname(sys.executable)]
+    try:
+        import ninja
+
+        candidates.insert(0, ninja.BIN_DIR)
+    except (ImportError, AttributeError):
+        pass
+    for folder in candidates:
+        if os.path.exists(os.path.join(folder, "ninja")):
+            os.environ["PATH"] = folder + os.pathsep + os.environ.get("PATH", "")
+            return
+
+
 _KERNEL: list[Any] = []  # [callable or None] once attempted in this process
 
 
@@ -109,6 +129,8 @@ def paged_decode_kernel() -> Callable[..., Any] | None:
     if os.environ.get("HOST_CPU_KERNELS", "1") != "0":
         try:
             from torch.utils.cpp_extension import load_inline
+
+            _ensure_ninja_on_path()
 
             module = load_inline(
                 name="host_cpu_paged_decode_v2",
