@@ -8,7 +8,7 @@ names nothing, so no third-party plugin loads.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 ENV_ALLOW = "HOST_PLUGINS"
 ENV_BLOCK = "HOST_BLOCK_PLUGINS"
@@ -39,7 +39,6 @@ class PluginSettings:
     strict: bool = False
     platform: str | None = None
     trace: bool = False
-    extra: dict = field(default_factory=dict, compare=False)
 
     @classmethod
     def from_env(

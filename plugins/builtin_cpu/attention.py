@@ -488,11 +488,7 @@ class CpuPagedAttentionBackend(AttentionBackend):
     supports_prefix_caching: ClassVar[bool] = True
     supports_mixed_batches: ClassVar[bool] = True
 
-    @staticmethod
-    def get_kv_cache_shape(
-        num_blocks: int, block_size: int, num_kv_heads: int, head_size: int
-    ) -> tuple[int, ...]:
-        return (2, num_blocks, block_size, num_kv_heads, head_size)
+    # KV layout: the base class's (2, num_blocks, block_size, num_kv_heads, head_size)
 
     @classmethod
     def get_impl_cls(cls) -> type[AttentionImpl]:
