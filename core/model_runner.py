@@ -36,10 +36,6 @@ class CachedRequestState:
     num_computed_tokens: int
     output_token_ids: list[int] = field(default_factory=list)
 
-    @property
-    def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
-
 
 class InputBatch:
     """Fixed-capacity rows holding the persistent state of the running requests.
