@@ -9,7 +9,7 @@ cast to the model dtype.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -19,14 +19,35 @@ ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square layer norm (Llama, Qwen); also used per head for Qwen3's q/k norm."""
+    """Root-mean-square layer norm (Llama, Qwen); also used per head for Qwen3's q/k norm.
+
+    ``forward(x)`` returns the normalized ``x``. ``forward(x, residual)`` first adds: it returns
+    ``(norm(x + residual), x + residual)`` — the pre-norm decoder's residual stream in one call,
+    so a platform kernel can do the add and the norm in one pass.
+
+    A platform may set ``kernel`` (see :meth:`host.sdk.platform.Platform.prepare_model`) to a
+    callable with the same contract, ``kernel(x, residual, weight, eps)``; it is used for the
+    dtypes in ``kernel_dtypes`` and may update ``x`` and ``residual`` in place.
+    """
 
     def __init__(self, hidden_size: int, eps: float = 1e-6, dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype))
         self.eps = eps
+        self.kernel: Callable[..., Any] | None = None
+        self.kernel_dtypes: tuple[torch.dtype, ...] = (torch.float32,)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if self.kernel is not None and x.dtype in self.kernel_dtypes:
+            return self.kernel(x, residual, self.weight, self.eps)
+        if residual is None:
+            return self._norm(x)
+        residual = x + residual
+        return self._norm(residual), residual
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
         input_dtype = x.dtype
         if input_dtype == torch.float32:
             # one fused op; same arithmetic as the float32 path below
@@ -42,10 +63,18 @@ class RMSNorm(nn.Module):
 class SiluAndMul(nn.Module):
     """The gated activation of a SiLU-GLU MLP: ``silu(x[..., :d]) * x[..., d:]``.
 
-    Takes the output of the fused gate/up projection, so one matmul feeds both halves.
+    Takes the output of the fused gate/up projection, so one matmul feeds both halves. A
+    platform may set ``kernel(x)`` (used for ``kernel_dtypes``).
     """
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.kernel: Callable[..., Any] | None = None
+        self.kernel_dtypes: tuple[torch.dtype, ...] = (torch.float32,)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernel is not None and x.dtype in self.kernel_dtypes and x.dim() == 2:
+            return self.kernel(x)
         d = x.shape[-1] // 2
         return F.silu(x[..., :d]) * x[..., d:]
 
@@ -195,11 +224,42 @@ class RotaryEmbedding(nn.Module):
             freqs[max_position_embeddings:] = torch.outer(tail, _base_inv_freq(scaled_base, dim))
         cache = torch.cat([freqs.cos(), freqs.sin()], dim=-1) * attention_factor
         self.register_buffer("cos_sin_cache", cache.to(dtype), persistent=False)
+        # a platform's in-place rotation kernel(x, positions, cos_sin_cache) for
+        # x [num_tokens, num_heads, head_dim] (see RopeBatch), used for kernel_dtypes
+        self.kernel: Callable[..., Any] | None = None
+        self.kernel_dtypes: tuple[torch.dtype, ...] = (torch.float32,)
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin for each token, each [num_tokens, rotary_dim] (halves repeated)."""
         cos, sin = self.cos_sin_cache.index_select(0, positions).chunk(2, dim=-1)
         return torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
+
+    def prepare(self, positions: torch.Tensor) -> "RopeBatch":
+        """The per-forward rotation state for these token positions, shared by every layer."""
+        if self.kernel is not None and self.cos_sin_cache.dtype in self.kernel_dtypes:
+            return RopeBatch(self, positions, None, None)
+        cos, sin = self.cos_sin(positions)
+        return RopeBatch(self, positions, cos, sin)
+
+
+class RopeBatch:
+    """What :meth:`RotaryEmbedding.prepare` computed once per forward: either the gathered
+    cos/sin rows (torch path) or just the positions (a platform kernel reads the table)."""
+
+    __slots__ = ("emb", "positions", "cos", "sin")
+
+    def __init__(
+        self, emb: RotaryEmbedding, positions: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None
+    ) -> None:
+        self.emb, self.positions, self.cos, self.sin = emb, positions, cos, sin
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        """Rotate ``x`` [num_tokens, num_heads, head_dim]; the result may be ``x`` itself,
+        rotated in place (kernel path) — callers must use the return value."""
+        if self.cos is None:
+            self.emb.kernel(x, self.positions, self.emb.cos_sin_cache)
+            return x
+        return apply_rotary(x, self.cos, self.sin)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

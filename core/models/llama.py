@@ -12,7 +12,7 @@ two); :meth:`LlamaForCausalLM.load_weights` splits Hugging Face checkpoints into
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 from torch import nn
@@ -20,9 +20,9 @@ from torch import nn
 from host.core.models.attention_layer import Attention
 from host.core.models.layers import (
     RMSNorm,
+    RopeBatch,
     RotaryEmbedding,
     SiluAndMul,
-    apply_rotary,
     rope_parameters_from_config,
 )
 
@@ -94,17 +94,18 @@ class DecoderAttention(nn.Module):
         start = {"q": 0, "k": self.q_size, "v": self.q_size + self.kv_size}[shard]
         return slice(start, start + (self.q_size if shard == "q" else self.kv_size))
 
-    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, rope: RopeBatch) -> torch.Tensor:
         n = hidden.shape[0]
         qkv = self.qkv_proj(hidden)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.q_norm is not None:
-            q = apply_rotary(self.q_norm(q.view(n, self.num_heads, self.head_dim)), cos, sin)
-            k = apply_rotary(self.k_norm(k.view(n, self.num_kv_heads, self.head_dim)), cos, sin)
+            q = rope.apply(self.q_norm(q.reshape(n * self.num_heads, self.head_dim)).view(n, self.num_heads, self.head_dim))
+            k = rope.apply(self.k_norm(k.reshape(n * self.num_kv_heads, self.head_dim)).view(n, self.num_kv_heads, self.head_dim))
         else:
             # q and k are adjacent in the fused projection: rotate both heads' sets at once
+            # (in place when the platform has a rotary kernel)
             qk = qkv[:, : self.q_size + self.kv_size].view(n, self.num_heads + self.num_kv_heads, self.head_dim)
-            q, k = apply_rotary(qk, cos, sin).split([self.num_heads, self.num_kv_heads], dim=1)
+            q, k = rope.apply(qk).split([self.num_heads, self.num_kv_heads], dim=1)
         out = self.attn(q.reshape(n, self.q_size), k.reshape(n, self.kv_size), v.contiguous())
         return self.o_proj(out)
 
@@ -129,7 +130,13 @@ class GatedMLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
+    """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x)).
+
+    The residual stream travels next to the block output: the layer takes ``(hidden,
+    residual)`` — the previous block's output and the sum before it, ``residual=None`` for the
+    first layer — and each norm adds the two before normalizing (one fused pass on platforms
+    with a kernel). The arithmetic is the reference's: the same additions in the same order.
+    """
 
     def __init__(
         self, config: Any, layer_idx: int, dtype: torch.dtype, attn_backend: type | None, **attn_kw: bool
@@ -140,9 +147,17 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
         self.mlp = GatedMLP(config, dtype)
 
-    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+    def forward(
+        self, hidden: torch.Tensor, residual: torch.Tensor | None, rope: RopeBatch
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(hidden, rope)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
 
 
 class DecoderModel(nn.Module):
@@ -161,13 +176,24 @@ class DecoderModel(nn.Module):
         self.rotary_emb = RotaryEmbedding(
             _head_dim(config), rope_parameters_from_config(config), config.max_position_embeddings, dtype
         )
+        # a platform may install decode_kernel(input_ids, positions, embeddings) running the
+        # whole layer stack (final norm included) in one call; it returns None for a batch it
+        # does not take, which then runs layer by layer
+        self.decode_kernel: Callable[..., torch.Tensor | None] | None = None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
-        cos, sin = self.rotary_emb.cos_sin(positions)
+        if self.decode_kernel is not None:
+            out = self.decode_kernel(input_ids, positions, hidden)
+            if out is not None:
+                return out
+        rope = self.rotary_emb.prepare(positions)
+        residual = None
         for layer in self.layers:
-            hidden = layer(hidden, cos, sin)
-        return self.norm(hidden)
+            hidden, residual = layer(hidden, residual, rope)
+        if residual is None:  # no layers
+            return self.norm(hidden)
+        return self.norm(hidden, residual)[0]
 
 
 class LlamaForCausalLM(nn.Module):

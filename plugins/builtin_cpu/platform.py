@@ -35,11 +35,33 @@ class CpuPlatform(Platform):
                 f"{', '.join(self.supported_dtypes)} (--dtype float32)"
             )
 
+    # a plain copy of the linear weights for the small-batch kernel is kept while it needs at
+    # most this share of the machine's memory
+    small_m_memory_fraction = 0.1
+    # inputs of up to this many rows use the small-batch linear kernel, and decode batches up
+    # to this size run the whole layer stack in one compiled call
+    small_batch_rows = 8
+
     def prepare_model(self, model: Any, config: Any) -> None:
-        """Repack linear weights for oneDNN (about 1.5-2x faster GEMMs on decode batches)."""
+        """Repack linear weights for oneDNN (about 1.5-2x faster GEMMs on decode batches) and
+        attach the compiled kernels (small-batch linear, norms, rotary, SiLU-and-mul) when they
+        build here (``HOST_CPU_KERNELS=0`` keeps every layer on torch)."""
+        from host.plugins.builtin_cpu.fused_decode import attach_fused_decode
+        from host.plugins.builtin_cpu.fused_ops import attach_fused_ops
+        from host.plugins.builtin_cpu.kernels import cpu_kernels
         from host.plugins.builtin_cpu.packed_linear import pack_model_linears
 
-        pack_model_linears(model, batch_hint=config.scheduler.max_num_seqs)
+        kernels = cpu_kernels()
+        pack_model_linears(
+            model,
+            batch_hint=config.scheduler.max_num_seqs,
+            small_m_kernel=None if kernels is None else kernels.linear_small_m,
+            small_m_rows=self.small_batch_rows,
+            small_m_budget_bytes=int(self.small_m_memory_fraction * self.get_device_total_memory()),
+        )
+        if kernels is not None:
+            attach_fused_ops(model, kernels)
+            attach_fused_decode(model, kernels, max_rows=self.small_batch_rows)
 
     def get_device_total_memory(self, device_id: int = 0) -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -1,0 +1,140 @@
+"""One compiled call per decode step for Llama-family models on CPU.
+
+A decode step of a small batch spends as long in Python — dispatching about ten small ops per
+layer — as in streaming the weights. :class:`FusedDecode` hands the whole decoder stack to the
+compiled ``llama_decode`` kernel instead (the CPU counterpart of replaying a captured CUDA
+graph): the same kernels the layer-by-layer path uses, in the same order, so the results are
+the same. It takes a step only when every request has exactly one new token, the batch is at
+most ``max_rows`` tokens, the model is float32 with the plain weight copies of the small-batch
+linear kernel, and the attention metadata is the CPU paged backend's; any other step (prefill,
+mixed batches, bigger batches) runs layer by layer.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from torch import nn
+
+from host.core.forward_context import get_forward_context
+
+logger = logging.getLogger("host.cpu")
+
+_EMPTY = torch.empty(0)
+
+
+def _weight(linear: nn.Module) -> torch.Tensor | None:
+    return getattr(linear, "plain_weight", None)
+
+
+def _bias(linear: nn.Module) -> torch.Tensor:
+    bias = getattr(linear, "bias", None)
+    return _EMPTY if bias is None else bias
+
+
+class FusedDecode:
+    """Callable installed as ``DecoderModel.decode_kernel``: returns the final hidden states of
+    a qualifying decode step, or ``None`` to let the model run layer by layer."""
+
+    def __init__(self, decoder: nn.Module, kernels: Any, max_rows: int) -> None:
+        from host.plugins.builtin_cpu.attention import CpuPagedAttentionMetadata
+
+        self._metadata_cls = CpuPagedAttentionMetadata
+        self.kernels = kernels
+        self.max_rows = max_rows
+        layers = list(decoder.layers)
+        first = layers[0].self_attn
+        self.num_heads, self.num_kv_heads, self.head_dim = first.num_heads, first.num_kv_heads, first.head_dim
+        self.scale = first.attn.scale
+        self.eps = float(decoder.norm.eps)
+        self.final_norm = decoder.norm.weight
+        self.cos_sin = decoder.rotary_emb.cos_sin_cache
+        self.windows = [int(layer.self_attn.attn.sliding_window or 0) for layer in layers]
+        self.weights: list[torch.Tensor] = []
+        for layer in layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            self.weights += [
+                layer.input_layernorm.weight,
+                _weight(attn.qkv_proj),
+                _bias(attn.qkv_proj),
+                _EMPTY if attn.q_norm is None else attn.q_norm.weight,
+                _EMPTY if attn.k_norm is None else attn.k_norm.weight,
+                _weight(attn.o_proj),
+                _bias(attn.o_proj),
+                layer.post_attention_layernorm.weight,
+                _weight(mlp.gate_up_proj),
+                _bias(mlp.gate_up_proj),
+                _weight(mlp.down_proj),
+                _bias(mlp.down_proj),
+            ]
+
+    @classmethod
+    def supports(cls, decoder: nn.Module) -> str | None:
+        """Why this decoder cannot use the fused path (``None``: it can)."""
+        from host.core.models.llama import DecoderModel
+
+        if not isinstance(decoder, DecoderModel) or len(decoder.layers) == 0:
+            return "not a Llama-family decoder"
+        if decoder.norm.weight.dtype != torch.float32:
+            return "the model is not float32"
+        if decoder.rotary_emb.rotary_dim % 2:
+            return "odd rotary dimension"
+        for layer in decoder.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            for linear in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
+                if _weight(linear) is None:
+                    return "the small-batch linear kernel is off"
+            if attn.attn.impl is None:
+                return "no attention backend"
+        return None
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor | None:
+        ctx = get_forward_context()
+        md = None if ctx is None else ctx.attn_metadata
+        n = input_ids.shape[0]
+        if (
+            not isinstance(md, self._metadata_cls)
+            or md.max_query_len != 1
+            or not md.causal
+            or md.num_actual_tokens != n
+            or md.num_reqs != n
+            or n == 0
+            or n > self.max_rows
+            or md.write_token_index is not None
+            or md.write_slots.numel() != n
+            or any(cache.dtype != torch.float32 for cache in ctx.kv_caches[:1])
+        ):
+            return None
+        tables = md.block_table[:n].to(torch.int32).contiguous()
+        seq_lens = md.seq_lens[:n].to(torch.int32).contiguous()
+        return self.kernels.llama_decode(
+            hidden.contiguous(),
+            self.weights,
+            ctx.kv_caches,
+            self.windows,
+            positions.to(torch.int64).contiguous(),
+            md.write_slots.to(torch.int64).contiguous(),
+            tables,
+            seq_lens,
+            self.cos_sin,
+            self.final_norm,
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            self.eps,
+            self.scale,
+        )
+
+
+def attach_fused_decode(model: nn.Module, kernels: Any, max_rows: int) -> bool:
+    """Install :class:`FusedDecode` on ``model.model`` when it qualifies; returns whether it did."""
+    decoder = getattr(model, "model", None)
+    reason = FusedDecode.supports(decoder) if decoder is not None else "no decoder"
+    if reason is None and max_rows > 0:
+        decoder.decode_kernel = FusedDecode(decoder, kernels, max_rows)
+        logger.info("Fused decode path on for batches of up to %d requests", max_rows)
+        return True
+    logger.info("Fused decode path off: %s", reason or "the small-batch linear kernel is off")
+    return False

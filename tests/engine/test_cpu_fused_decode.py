@@ -1,0 +1,112 @@
+"""The CPU platform's one-call decode path gives the layer-by-layer results.
+
+Every qualifying decode step of a generation is run both ways in the same forward context
+(writing the same K/V to the same slots twice is harmless) and the hidden states compared; the
+greedy tokens are checked against Hugging Face transformers as well.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import transformers
+
+from host import LLM, SamplingParams
+
+TINY = dict(
+    hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+    num_key_value_heads=2, vocab_size=300, max_position_embeddings=256, rms_norm_eps=1e-6,
+)
+ARCHS = {
+    "llama": ("LlamaConfig", dict(tie_word_embeddings=True)),
+    "qwen2-bias-window": (
+        "Qwen2Config",
+        dict(tie_word_embeddings=False, use_sliding_window=True, sliding_window=6, max_window_layers=1),
+    ),
+    "qwen3-qk-norm": ("Qwen3Config", dict(head_dim=32, tie_word_embeddings=True)),
+}
+
+
+def _checkpoint(tmp_path, arch):
+    config_cls, overrides = ARCHS[arch]
+    config = getattr(transformers, config_cls)(**{**TINY, **overrides})
+    torch.manual_seed(7)
+    model = getattr(transformers, config_cls.replace("Config", "ForCausalLM"))(config).eval()
+    with torch.no_grad():  # norms and biases away from 1 / 0, so a swapped tensor shows
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.copy_(1 + 0.2 * torch.randn_like(param))
+            elif name.endswith("bias"):
+                param.copy_(0.2 * torch.randn_like(param))
+    model.save_pretrained(tmp_path)
+    return str(tmp_path), model
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_fused_decode_matches_layer_by_layer_and_transformers(tmp_path, arch):
+    path, hf = _checkpoint(tmp_path, arch)
+    llm = LLM(path, skip_tokenizer_init=True, max_model_len=128, block_size=4)
+    decoder = llm.engine.executor.worker.model_runner.model.model
+    fused = decoder.decode_kernel
+    assert fused is not None, "float32 Llama-family models get the fused decode path on CPU"
+    compared = []
+
+    def checked(input_ids, positions, hidden):
+        out = fused(input_ids, positions, hidden.clone())
+        if out is not None:
+            decoder.decode_kernel = None
+            try:
+                ref = decoder(input_ids, positions)
+            finally:
+                decoder.decode_kernel = checked
+            torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+            compared.append(input_ids.shape[0])
+        return out
+
+    decoder.decode_kernel = checked
+    rng = random.Random(3)
+    prompts = [[rng.randrange(3, 300) for _ in range(n)] for n in (3, 11, 1, 17)]
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(max_tokens=10, temperature=0, ignore_eos=True))
+    assert compared and max(compared) == 4, "decode steps of the whole batch went through the fused path"
+    for prompt, out in zip(prompts, outs):
+        with torch.inference_mode():
+            want = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                               max_new_tokens=10, min_new_tokens=10, do_sample=False, eos_token_id=None, pad_token_id=0)
+        assert out.outputs[0].token_ids == want[0, len(prompt):].tolist()
+
+
+def test_fused_decode_declines_batches_it_does_not_take(tmp_path):
+    path, _ = _checkpoint(tmp_path, "llama")
+    llm = LLM(path, skip_tokenizer_init=True, max_model_len=128, max_num_seqs=16)
+    decoder = llm.engine.executor.worker.model_runner.model.model
+    fused = decoder.decode_kernel
+    taken = []
+
+    def spy(input_ids, positions, hidden):
+        out = fused(input_ids, positions, hidden)
+        if out is not None:
+            taken.append(input_ids.shape[0])
+        return out
+
+    decoder.decode_kernel = spy
+    prompts = [[5 + i, 6, 7] for i in range(12)]
+    llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
+    assert not taken, "prefills and decode batches over 8 rows run layer by layer"
+    assert fused(torch.tensor([1]), torch.tensor([0]), torch.zeros(1, 64)) is None  # no forward context
+
+
+def test_fused_decode_is_off_for_bfloat16_and_without_kernels(tmp_path, monkeypatch):
+    path, _ = _checkpoint(tmp_path, "llama")
+    bf16 = LLM(path, skip_tokenizer_init=True, max_model_len=64, dtype="bfloat16")
+    assert bf16.engine.executor.worker.model_runner.model.model.decode_kernel is None
+    import host.plugins.builtin_cpu.kernels as kernels
+
+    monkeypatch.setattr(kernels, "_MODULE", [None])  # as when the build failed or HOST_CPU_KERNELS=0
+    plain = LLM(path, skip_tokenizer_init=True, max_model_len=64)
+    model = plain.engine.executor.worker.model_runner.model
+    assert model.model.decode_kernel is None
+    assert model.model.layers[0].input_layernorm.kernel is None
+    out = plain.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 3
