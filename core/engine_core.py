@@ -60,6 +60,9 @@ class EngineCore:
         self.scheduler = Scheduler(config.scheduler, cache, self.kv_cache_manager)
 
     def add_request(self, request: Request) -> None:
+        """Queue a request; its sampling params are checked against the model first (token ids
+        inside the vocabulary), so a bad request is a ``ValueError`` and never reaches a step."""
+        request.sampling_params.verify(self.config.model.hf_config.vocab_size)
         self.scheduler.add_request(request)
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:

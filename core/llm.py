@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import itertools
 import logging
-from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 from host.core.engine_args import EngineArgs
 from host.core.engine_core import EngineCore
+from host.core.output_processor import CompletionOutput, Logprob, OutputProcessor, RequestOutput
 from host.core.plugins.manager import PluginHost, get_plugin_host, set_plugin_host
 from host.core.plugins.settings import PluginSettings
 from host.core.request import Request, RequestStatus
@@ -23,34 +23,7 @@ from host.core.tokenizer import get_tokenizer
 
 logger = logging.getLogger("host.llm")
 
-
-@dataclass
-class CompletionOutput:
-    """One generated sequence of a request."""
-
-    index: int
-    text: str
-    token_ids: list[int]
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-    cumulative_logprob: float | None = None
-    logprobs: Any = None
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-
-@dataclass
-class RequestOutput:
-    """The result of one prompt: the prompt as given and its completions."""
-
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    outputs: list[CompletionOutput] = field(default_factory=list)
-    finished: bool = False
-    num_cached_tokens: int = 0
+__all__ = ["LLM", "CompletionOutput", "Logprob", "RequestOutput", "SamplingParams"]
 
 
 def _plugin_settings(plugins: str | None, block_plugins: str | None, strict_plugins: bool | None, platform: str | None) -> PluginHost:
@@ -107,11 +80,6 @@ class LLM:
         if self.tokenizer is None:
             raise ValueError("this LLM was built with skip_tokenizer_init=True; pass {'prompt_token_ids': [...]}")
         return self.tokenizer.encode(text)
-
-    def _decode(self, ids: list[int], skip_special_tokens: bool) -> str:
-        if self.tokenizer is None:
-            return ""
-        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
     # -- inputs ------------------------------------------------------------------------------
 
@@ -173,73 +141,60 @@ class LLM:
                 raise ValueError(
                     f"got {len(params_list)} sampling_params for {len(items)} prompts; pass one, or one per prompt"
                 )
-        results: dict[str, RequestOutput] = {}
-        order: list[str] = []
+        processor = OutputProcessor(self.tokenizer)
+        results: list[RequestOutput] = []
+        engine_ids: list[str] = []
+        self.last_finish_order: list[str] = []
         try:
             for (text, ids), params, prio in zip(items, params_list, priorities):
                 req_id = self.next_request_id()
-                order.append(req_id)
-                results[req_id] = RequestOutput(req_id, text, ids, [CompletionOutput(0, "", [])])
-                self.engine.add_request(Request(req_id, ids, params, eos_token_id=self.eos_token_id, priority=prio))
-            for _ in self._run(set(order)):
-                pass
+                params = self._prepare_params(params)
+                children = [params] if params.n == 1 else [params.clone_for_sample(i) for i in range(params.n)]
+                child_ids = [req_id] if params.n == 1 else [f"{req_id}-{i}" for i in range(params.n)]
+                results.append(processor.add_request(req_id, text, ids, params, child_ids, children))
+                for cid, cparams in zip(child_ids, children):
+                    self.engine.add_request(Request(cid, ids, cparams, eos_token_id=self.eos_token_id, priority=prio))
+                    engine_ids.append(cid)
+            self._run(processor)
         except BaseException:
             # never leave blocks behind: abort whatever this call added and has not finished
-            self.engine.abort_requests([r for r in order if r in self.engine.scheduler.requests])
+            self.engine.abort_requests([r for r in engine_ids if r in self.engine.scheduler.requests])
             raise
-        self._collect(results, dict(zip(order, params_list)))
-        return [results[r] for r in order]
+        return results
 
-    def _run(self, pending: set[str]) -> Iterator[None]:
-        self._outputs: dict[str, list[Any]] = {r: [] for r in pending}
-        self.last_finish_order: list[str] = []
-        while pending:
+    def _prepare_params(self, params: SamplingParams) -> SamplingParams:
+        """Front-end preparation: bad words become token id sequences (with and without a
+        leading space, as a word inside a sentence is tokenized differently)."""
+        if not params.bad_words:
+            return params
+        if self.tokenizer is None:
+            raise ValueError("bad_words needs a tokenizer; this LLM was built with skip_tokenizer_init=True")
+        import copy
+
+        params = copy.copy(params)
+        seqs: list[list[int]] = []
+        for word in params.bad_words:
+            for variant in (word, " " + word.lstrip()):
+                ids = self.tokenizer.encode(variant, add_special_tokens=False)
+                if ids and ids not in seqs:
+                    seqs.append(ids)
+        params.bad_words_token_ids = seqs
+        return params
+
+    def _run(self, processor: OutputProcessor) -> None:
+        while self.engine.has_unfinished_requests():
             step = self.engine.step()
+            stopped: list[str] = []
             for out in step.outputs:
-                if out.req_id not in self._outputs:
+                if not processor.has(out.req_id):
                     continue
-                self._outputs[out.req_id].append(out)
-                if out.finished:
-                    pending.discard(out.req_id)
+                _, stop_str = processor.process(out)
+                if stop_str is not None and not out.finished:
+                    stopped.append(out.req_id)
+                if out.finished or stop_str is not None:
                     self.last_finish_order.append(out.req_id)
-            self._apply_stop_strings(pending)
-            yield
-
-    def _apply_stop_strings(self, pending: set[str]) -> None:
-        for req_id in list(pending):
-            request = self.engine.scheduler.requests.get(req_id)
-            if request is None or not request.sampling_params.stop:
-                continue
-            text = self._decode(request.output_token_ids, request.sampling_params.skip_special_tokens)
-            if any(s in text for s in request.sampling_params.stop):
-                self.engine.finish_requests([req_id], RequestStatus.FINISHED_STOPPED)
-                pending.discard(req_id)
-                self.last_finish_order.append(req_id)
-                self._outputs[req_id].append(None)  # marks "finished by stop string"
-
-    def _collect(self, results: dict[str, RequestOutput], params_of: dict[str, SamplingParams]) -> None:
-        for req_id, outs in self._outputs.items():
-            res = results[req_id]
-            comp = res.outputs[0]
-            for out in outs:
-                if out is None:
-                    comp.finish_reason = "stop"
-                    continue
-                comp.token_ids.extend(out.new_token_ids)
-                if out.finish_reason is not None:
-                    comp.finish_reason = out.finish_reason
-                    comp.stop_reason = out.stop_reason
-                res.num_cached_tokens = max(res.num_cached_tokens, out.num_cached_tokens)
-            params = params_of[req_id]
-            text = self._decode(comp.token_ids, params.skip_special_tokens)
-            if comp.finish_reason == "stop" and params.stop:
-                hits = [(text.find(s), s) for s in params.stop if s in text]
-                if hits:
-                    pos, s = min(hits)
-                    text = text[:pos]
-                    comp.stop_reason = s
-            comp.text = text
-            res.finished = comp.finish_reason is not None
+            if stopped:
+                self.engine.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
 
     def chat(
         self,

@@ -18,8 +18,8 @@ import torch
 
 from host.core.config import EngineConfig
 from host.core.forward_context import ForwardContext, set_forward_context
-from host.core.outputs import ModelRunnerOutput, NewRequestData, SchedulerOutput
-from host.core.sampler import Sampler
+from host.core.outputs import ModelRunnerOutput, NewRequestData, SchedulerOutput, TokenLogprobs
+from host.core.sampler import LogprobsTensors, Sampler, gather_logprobs, make_metadata, seeded_generator
 from host.sdk.attention import AttentionBackend, CommonAttentionMetadata
 
 logger = logging.getLogger("host.model_runner")
@@ -35,6 +35,16 @@ class CachedRequestState:
     block_ids: list[int]
     num_computed_tokens: int
     output_token_ids: list[int] = field(default_factory=list)
+    eos_token_id: int | None = None
+    _allowed: torch.Tensor | None = field(default=None, repr=False)
+
+    def allowed_mask(self, vocab: int) -> torch.Tensor:
+        """bool [vocab]: the ``allowed_token_ids`` whitelist (built once per request)."""
+        if self._allowed is None:
+            mask = torch.zeros(vocab, dtype=torch.bool)
+            mask[torch.tensor(self.sampling_params.allowed_token_ids, dtype=torch.int64)] = True
+            self._allowed = mask
+        return self._allowed
 
 
 class InputBatch:
@@ -229,6 +239,7 @@ class ModelRunner:
             block_ids=list(new.block_ids),
             num_computed_tokens=new.num_computed_tokens,
             output_token_ids=list(new.output_token_ids),
+            eos_token_id=new.eos_token_id,
         )
 
     def _prepare_inputs(self, so: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, CommonAttentionMetadata, np.ndarray, list[str]]:
@@ -291,16 +302,24 @@ class ModelRunner:
             hidden = self.model(input_ids, positions)
         logits_indices = torch.from_numpy(np.cumsum(num_scheduled) - 1).to(self.device)
         logits = self.model.compute_logits(hidden[logits_indices])
-        states = [batch.states[i] for i in range(batch.num_reqs)]
-        sampled = self.sampler(logits, [s.sampling_params for s in states], [s.output_token_ids for s in states]).tolist()
-
         num_reqs = batch.num_reqs
-        computed_after = batch.num_computed_tokens[:num_reqs] + num_scheduled
+        states = [batch.states[i] for i in range(num_reqs)]
+        computed_before = batch.num_computed_tokens[:num_reqs].copy()
+        computed_after = computed_before + num_scheduled
+        # rows whose sample becomes a token (a prefill chunk short of the prompt's end does not)
+        final = computed_after >= batch.num_tokens[:num_reqs]
+        md = make_metadata(states, logits.shape[-1], generators=self._generators(states, final))
+        result = self.sampler(logits, md)
+        sampled = result.sampled_token_ids.tolist()
+        prompt_logprobs = self._prompt_logprobs(hidden, states, computed_before, num_scheduled)
+
         sampled_lists: list[list[int]] = []
+        logprob_lists: list[list[TokenLogprobs] | None] = []
         for i in range(num_reqs):
             state = states[i]
-            if computed_after[i] < batch.num_tokens[i]:
+            if not final[i]:
                 sampled_lists.append([])  # a prefill chunk that did not reach the end yet
+                logprob_lists.append(None)
                 continue
             token = int(sampled[i])
             n = int(batch.num_tokens[i])
@@ -309,8 +328,58 @@ class ModelRunner:
             batch.num_tokens[i] = n + 1
             state.output_token_ids.append(token)
             sampled_lists.append([token])
+            k = state.sampling_params.logprobs
+            if k is not None and result.logprobs is not None:
+                logprob_lists.append([_row_logprobs(result.logprobs, i, k)])
+            else:
+                logprob_lists.append(None)
         return ModelRunnerOutput(
             req_ids=req_ids,
             req_id_to_index={r: i for i, r in enumerate(req_ids)},
             sampled_token_ids=sampled_lists,
+            logprobs=logprob_lists if any(x is not None for x in logprob_lists) else None,
+            prompt_logprobs=prompt_logprobs,
         )
+
+    @staticmethod
+    def _generators(states: list[CachedRequestState], final: np.ndarray) -> dict[int, torch.Generator]:
+        """Generators for seeded rows that sample a real token this step, seeded from (seed,
+        number of tokens generated so far): the draw for a request's n-th token is the same
+        whatever the batch, the chunking or a preemption in between."""
+        gens: dict[int, torch.Generator] = {}
+        for i, state in enumerate(states):
+            seed = state.sampling_params.seed
+            if seed is not None and final[i] and not state.sampling_params.is_greedy:
+                gens[i] = seeded_generator(hash((seed, len(state.output_token_ids))))
+        return gens
+
+    def _prompt_logprobs(
+        self, hidden: torch.Tensor, states: list[CachedRequestState], computed_before: np.ndarray, num_scheduled: np.ndarray
+    ) -> dict[str, list[TokenLogprobs]]:
+        """Logprobs of the prompt tokens this step's chunk predicts: the hidden state at prompt
+        position ``p`` scores prompt token ``p + 1``."""
+        out: dict[str, list[TokenLogprobs]] = {}
+        start = 0
+        for i, state in enumerate(states):
+            n = int(num_scheduled[i])
+            k = state.sampling_params.prompt_logprobs
+            first = int(computed_before[i])
+            num_prompt = len(state.prompt_token_ids)
+            last = min(first + n, num_prompt - 1)  # exclusive: positions p with p + 1 < num_prompt
+            if k is not None and first < last:
+                rows = torch.arange(start, start + (last - first))
+                logits = self.model.compute_logits(hidden[rows])
+                targets = torch.tensor(state.prompt_token_ids[first + 1 : last + 1], dtype=torch.int64)
+                lp = gather_logprobs(logits.float().log_softmax(dim=-1), k, targets)
+                out[state.req_id] = [_row_logprobs(lp, j, k) for j in range(last - first)]
+            start += n
+        return out
+
+
+def _row_logprobs(lp: LogprobsTensors, row: int, k: int) -> TokenLogprobs:
+    width = lp.token_ids.shape[1] if k == -1 else 1 + k
+    return TokenLogprobs(
+        token_ids=lp.token_ids[row, :width].tolist(),
+        logprobs=lp.logprobs[row, :width].tolist(),
+        rank=int(lp.ranks[row]),
+    )

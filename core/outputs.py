@@ -18,6 +18,7 @@ class NewRequestData:
     num_computed_tokens: int
     # output tokens generated so far (non-empty for a request resumed after preemption)
     output_token_ids: list[int] = field(default_factory=list)
+    eos_token_id: int | None = None
 
 
 @dataclass
@@ -46,15 +47,28 @@ class SchedulerOutput:
 
 
 @dataclass
+class TokenLogprobs:
+    """Logprobs at one position: ``token_ids[0]`` is the token that was sampled (or, for a
+    prompt position, the prompt's token), ``token_ids[1:]`` the top-k tokens, best first;
+    ``rank`` is the rank of ``token_ids[0]`` (1 = the most likely token)."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    rank: int
+
+
+@dataclass
 class ModelRunnerOutput:
     """What one step produced: for each scheduled request, its sampled token ids (empty for a
-    request whose prefill chunk did not reach the end of the prompt)."""
+    request whose prefill chunk did not reach the end of the prompt), the logprobs of those
+    tokens for requests that asked, and the prompt logprobs computed by this step's prefill
+    chunk (positions ``1..``; position 0 has none)."""
 
     req_ids: list[str]
     req_id_to_index: dict[str, int]
     sampled_token_ids: list[list[int]]
-    logprobs: Any = None
-    prompt_logprobs: dict[str, Any] = field(default_factory=dict)
+    logprobs: list[list[TokenLogprobs] | None] | None = None  # per row, like sampled_token_ids
+    prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
 
 
 @dataclass
@@ -66,6 +80,8 @@ class EngineCoreOutput:
     finish_reason: str | None = None  # "stop", "length", "abort"
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0
+    new_logprobs: list[TokenLogprobs] | None = None  # one per new token, when requested
+    new_prompt_logprobs: list[TokenLogprobs] | None = None  # prompt positions done this step
 
     @property
     def finished(self) -> bool:

@@ -1,63 +1,348 @@
 """Token sampling over the whole batch with tensor operations.
 
-This covers greedy decoding and temperature / top-k / top-p sampling with per-request seeds;
-penalties, logit bias and structured outputs extend it in the sampling issue.
+The :class:`Sampler` is stateless: everything about the batch arrives in a
+:class:`SamplingMetadata` built by the model runner each step. The chain, in order (order is
+semantics: a wrong order never crashes, it silently changes the distribution):
+
+1. raw logprobs snapshot (``log_softmax`` of the float32 logits) when any row wants logprobs;
+2. float32;
+3. logits processors: structured-output bitmask and allowed-token whitelist, bad words,
+   ``min_tokens`` (EOS / stop ids masked) and ``logit_bias`` — these change the argmax, so they
+   run before greedy — then repetition / frequency / presence penalties;
+4. greedy rows (temperature < 1e-5) take the argmax; the others divide by temperature, drop
+   tokens under ``min_p`` times the top probability, keep the ``top_k`` best, keep the
+   ``top_p`` nucleus (of the top-k distribution when both are set), and draw.
+
+The draw is inverse-CDF sampling: one uniform number per row, from the request's own
+``torch.Generator`` when it has a seed, so a seeded request's tokens do not depend on what
+else is in the batch. Top-k / top-p work on a small candidate set from ``torch.topk`` instead
+of sorting the whole vocabulary (a nucleus that does not fit in the candidates falls back to a
+full sort for that row only).
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 _GREEDY_EPS = 1e-5
+_TOP_P_CANDIDATES = 1024  # candidate set tried first for top-p rows without a top-k
+
+
+@dataclass
+class SamplingMetadata:
+    """Per-step sampling inputs for a batch of ``B`` rows (one row per request).
+
+    Optional tensors are ``None`` when no row uses the feature, so the common cases cost
+    nothing. ``generators`` maps a row to its request's generator (seeded requests only);
+    rows not in it draw from torch's default generator.
+    """
+
+    temperature: torch.Tensor  # float32 [B]; < 1e-5 means greedy
+    all_greedy: bool
+    all_random: bool
+    top_k: torch.Tensor | None = None  # int64 [B], 0 = off
+    top_p: torch.Tensor | None = None  # float32 [B], 1 = off
+    min_p: torch.Tensor | None = None  # float32 [B], 0 = off
+    generators: dict[int, torch.Generator] = field(default_factory=dict)
+    max_num_logprobs: int | None = None  # None: no row wants logprobs; -1: whole vocabulary
+    # logits processors (applied to the rows named)
+    allowed_mask: torch.Tensor | None = None  # bool [B, V], True = may be sampled
+    banned: tuple[torch.Tensor, torch.Tensor] | None = None  # (rows, token ids) set to -inf
+    logit_bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # (rows, ids, values)
+    presence_penalty: torch.Tensor | None = None  # float32 [B]
+    frequency_penalty: torch.Tensor | None = None  # float32 [B]
+    repetition_penalty: torch.Tensor | None = None  # float32 [B]
+    output_token_ids: list[list[int]] | None = None  # per row, for penalties
+    prompt_token_ids: list[list[int]] | None = None  # per row, for the repetition penalty
+
+
+@dataclass
+class LogprobsTensors:
+    """Logprobs of one token per row: column 0 is the sampled (or given) token, columns 1..k
+    the top-k tokens; ``ranks`` is the sampled token's rank (1 = most likely)."""
+
+    token_ids: torch.Tensor  # int64 [B, 1 + k]
+    logprobs: torch.Tensor  # float32 [B, 1 + k]
+    ranks: torch.Tensor  # int64 [B]
+
+
+@dataclass
+class SamplerOutput:
+    sampled_token_ids: torch.Tensor  # int64 [B]
+    logprobs: LogprobsTensors | None = None
 
 
 class Sampler:
-    """Picks one token per row of ``logits`` according to each request's sampling params."""
+    """Picks one token per row of ``logits``; see the module docstring for the chain."""
 
-    def __init__(self) -> None:
-        self._generators: dict[int, torch.Generator] = {}
-
-    def __call__(self, logits: torch.Tensor, params: Sequence[Any], output_ids: Sequence[list[int]]) -> torch.Tensor:
+    def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
         logits = logits.float()
-        greedy_tokens = logits.argmax(dim=-1)
-        temps = [float(getattr(p, "temperature", 0.0)) for p in params]
-        if all(t < _GREEDY_EPS for t in temps):
-            return greedy_tokens
-        temp = torch.tensor([t if t >= _GREEDY_EPS else 1.0 for t in temps], device=logits.device)
-        scaled = logits / temp[:, None]
-        top_k = torch.tensor([int(getattr(p, "top_k", 0) or 0) for p in params], device=logits.device)
-        top_p = torch.tensor([float(getattr(p, "top_p", 1.0)) for p in params], device=logits.device)
-        scaled = _apply_top_k_top_p(scaled, top_k, top_p)
-        probs = scaled.softmax(dim=-1)
-        sampled = self._sample(probs, params, output_ids)
-        is_greedy = torch.tensor([t < _GREEDY_EPS for t in temps], device=logits.device)
-        return torch.where(is_greedy, greedy_tokens, sampled)
+        raw_logprobs = logits.log_softmax(dim=-1) if md.max_num_logprobs is not None else None
+        logits = apply_logits_processors(logits, md)
+        sampled = self.sample(logits, md)
+        logprobs = None
+        if raw_logprobs is not None:
+            logprobs = gather_logprobs(raw_logprobs, md.max_num_logprobs, sampled)
+        return SamplerOutput(sampled, logprobs)
 
-    def _sample(self, probs: torch.Tensor, params: Sequence[Any], output_ids: Sequence[list[int]]) -> torch.Tensor:
-        # exponential-race sampling: argmax(p / q) with q ~ Exp(1) is a draw from p; seeded rows
-        # use their own generator so results do not depend on batch composition
-        q = torch.empty_like(probs).exponential_()
-        for i, p in enumerate(params):
-            seed = getattr(p, "seed", None)
-            if seed is not None:
-                gen = torch.Generator(device=probs.device)
-                gen.manual_seed(int(seed) + len(output_ids[i]))
-                q[i].exponential_(generator=gen)
-        return (probs / q).argmax(dim=-1)
+    def sample(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        greedy = logits.argmax(dim=-1)
+        if md.all_greedy:
+            return greedy
+        temperature = md.temperature.to(logits.device)
+        is_greedy = temperature < _GREEDY_EPS
+        logits = logits / torch.where(is_greedy, torch.ones_like(temperature), temperature)[:, None]
+        if md.min_p is not None:
+            logits = apply_min_p(logits, md.min_p)
+        random = draw(logits, md.top_k, md.top_p, md.generators)
+        if md.all_random:
+            return random
+        return torch.where(is_greedy, greedy, random)
 
 
-def _apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    if bool((top_k > 0).any()) or bool((top_p < 1.0).any()):
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        vocab = logits.shape[-1]
-        ranks = torch.arange(vocab, device=logits.device)[None, :]
-        k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab))
-        mask = ranks >= k[:, None]
-        probs = sorted_logits.softmax(dim=-1)
-        cum = probs.cumsum(dim=-1) - probs  # mass before this token
-        mask |= cum > top_p[:, None]
-        sorted_logits = sorted_logits.masked_fill(mask, float("-inf"))
-        logits = torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+# -- logits processors --------------------------------------------------------------------------
+
+
+def apply_logits_processors(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    """Steps that change the argmax (whitelist, bad words, min_tokens, bias) and penalties."""
+    if md.allowed_mask is not None:
+        logits = logits.masked_fill(~md.allowed_mask, float("-inf"))
+    if md.banned is not None:
+        rows, ids = md.banned
+        logits = logits.index_put((rows, ids), torch.tensor(float("-inf")))
+    if md.logit_bias is not None:
+        rows, ids, values = md.logit_bias
+        logits = logits.index_put((rows, ids), values, accumulate=True)
+    if md.presence_penalty is not None or md.frequency_penalty is not None or md.repetition_penalty is not None:
+        logits = apply_penalties(logits, md)
     return logits
+
+
+def _padded(rows: list[list[int]], pad: int) -> torch.Tensor:
+    width = max((len(r) for r in rows), default=0)
+    out = torch.full((len(rows), max(width, 1)), pad, dtype=torch.int64)
+    for i, r in enumerate(rows):
+        if r:
+            out[i, : len(r)] = torch.tensor(r, dtype=torch.int64)
+    return out
+
+
+def token_counts(rows: list[list[int]], vocab: int) -> torch.Tensor:
+    """[len(rows), vocab] int32: how often each token occurs in each row."""
+    ids = _padded(rows, vocab)  # pad with an extra column, dropped below
+    counts = torch.zeros(len(rows), vocab + 1, dtype=torch.int32)
+    counts.scatter_add_(1, ids, torch.ones_like(ids, dtype=torch.int32))
+    return counts[:, :vocab]
+
+
+def apply_penalties(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    """Repetition (prompt and output tokens; positive logits divided, negative multiplied),
+    then frequency (minus penalty x count in the output) and presence (minus penalty if the
+    token occurred in the output) — the OpenAI definitions."""
+    vocab = logits.shape[-1]
+    assert md.output_token_ids is not None
+    out_counts = token_counts(md.output_token_ids, vocab)
+    if md.repetition_penalty is not None:
+        assert md.prompt_token_ids is not None
+        seen = (token_counts(md.prompt_token_ids, vocab) > 0) | (out_counts > 0)
+        rp = md.repetition_penalty[:, None]
+        penalized = torch.where(logits > 0, logits / rp, logits * rp)
+        logits = torch.where(seen, penalized, logits)
+    if md.frequency_penalty is not None:
+        logits = logits - md.frequency_penalty[:, None] * out_counts
+    if md.presence_penalty is not None:
+        logits = logits - md.presence_penalty[:, None] * (out_counts > 0)
+    return logits
+
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Drop tokens whose probability is below ``min_p`` times the top token's (after
+    temperature). In logit space: below ``max_logit + log(min_p)``."""
+    threshold = logits.max(dim=-1, keepdim=True).values + torch.log(min_p.clamp(min=0))[:, None]
+    return logits.masked_fill(logits < threshold, float("-inf"))
+
+
+# -- drawing ------------------------------------------------------------------------------------
+
+
+def _uniforms(n: int, rows: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
+    """One uniform in [0, 1) per selected row (float64), seeded rows from their generator."""
+    u = torch.rand(n, dtype=torch.float64)
+    for j, row in enumerate(rows.tolist()):
+        gen = generators.get(row)
+        if gen is not None:
+            u[j] = torch.rand(1, dtype=torch.float64, generator=gen)[0]
+    return u
+
+
+def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Column index drawn from each row of (unnormalized, non-negative) ``probs``."""
+    cdf = probs.double().cumsum(dim=-1)
+    x = (u * cdf[:, -1]).unsqueeze(1)
+    idx = torch.searchsorted(cdf, x, right=True).squeeze(1).clamp(max=probs.shape[-1] - 1)
+    # u * total can round up to total; then take the last token with mass
+    bad = probs.gather(1, idx[:, None]).squeeze(1) <= 0
+    if bool(bad.any()):
+        last = probs.shape[-1] - 1 - (probs.flip(-1) > 0).int().argmax(dim=-1)
+        idx = torch.where(bad, last, idx)
+    return idx
+
+
+def draw(
+    logits: torch.Tensor,
+    top_k: torch.Tensor | None,
+    top_p: torch.Tensor | None,
+    generators: dict[int, torch.Generator],
+) -> torch.Tensor:
+    """A token per row from ``softmax(logits)`` restricted by top-k, then top-p."""
+    batch, vocab = logits.shape
+    out = torch.empty(batch, dtype=torch.int64)
+    k = top_k if top_k is not None else torch.zeros(batch, dtype=torch.int64)
+    p = top_p if top_p is not None else torch.ones(batch)
+    restricted = (k > 0) | (p < 1.0)
+    plain_rows = torch.nonzero(~restricted).squeeze(1)
+    if plain_rows.numel():
+        sub = logits.index_select(0, plain_rows)
+        probs = (sub - sub.max(dim=-1, keepdim=True).values).exp()
+        out[plain_rows] = _inverse_cdf(probs, _uniforms(plain_rows.numel(), plain_rows, generators))
+    rows = torch.nonzero(restricted).squeeze(1)
+    if rows.numel():
+        out[rows] = _draw_restricted(logits.index_select(0, rows), rows, k[rows], p[rows], generators)
+    return out
+
+
+def _draw_restricted(
+    logits: torch.Tensor, rows: torch.Tensor, k: torch.Tensor, p: torch.Tensor, generators: dict[int, torch.Generator]
+) -> torch.Tensor:
+    vocab = logits.shape[-1]
+    has_k = k > 0
+    want = torch.where(has_k, k, torch.full_like(k, _TOP_P_CANDIDATES)).clamp(max=vocab)
+    width = int(want.max())
+    values, ids = logits.topk(width, dim=-1)  # sorted, best first
+    # top-p-only rows: the candidates must hold the nucleus; otherwise sort the whole row
+    lse_full = logits.logsumexp(dim=-1)
+    cand_mass = (values.logsumexp(dim=-1) - lse_full).exp()
+    too_small = ~has_k & (cand_mass < p) & (width < vocab)
+    if bool(too_small.any()):
+        values, ids = logits.sort(dim=-1, descending=True)
+        width = vocab
+    ranks = torch.arange(width)[None, :]
+    keep = ranks < torch.where(has_k, k, torch.full_like(k, width))[:, None]
+    values = values.masked_fill(~keep, float("-inf"))
+    # nucleus over the top-k distribution when top-k is set, over the full one otherwise
+    lse = torch.where(has_k, values.logsumexp(dim=-1), lse_full)
+    probs = (values - lse[:, None]).exp()
+    before = probs.cumsum(dim=-1) - probs  # mass of better tokens
+    nucleus = (before < p[:, None]) | (p[:, None] >= 1.0)
+    probs = probs.masked_fill(~nucleus, 0.0)
+    col = _inverse_cdf(probs, _uniforms(rows.numel(), rows, generators))
+    return ids.gather(1, col[:, None]).squeeze(1)
+
+
+# -- logprobs -----------------------------------------------------------------------------------
+
+
+def gather_logprobs(logprobs: torch.Tensor, num: int | None, token_ids: torch.Tensor) -> LogprobsTensors:
+    """Logprob and rank of ``token_ids`` (one per row) plus each row's top-``num`` (``-1``:
+    the whole vocabulary, best first)."""
+    vocab = logprobs.shape[-1]
+    k = vocab if num == -1 else int(num or 0)
+    chosen = logprobs.gather(1, token_ids[:, None].long())
+    ranks = (logprobs > chosen).sum(dim=-1) + 1
+    if k > 0:
+        top_values, top_ids = logprobs.topk(min(k, vocab), dim=-1)
+        ids = torch.cat([token_ids[:, None].long(), top_ids], dim=1)
+        values = torch.cat([chosen, top_values], dim=1)
+    else:
+        ids, values = token_ids[:, None].long(), chosen
+    return LogprobsTensors(ids, values, ranks)
+
+
+def seeded_generator(seed: int) -> torch.Generator:
+    gen = torch.Generator()
+    gen.manual_seed(int(seed) % (2**63))
+    return gen
+
+
+def make_metadata(rows: list[Any], vocab: int, *, generators: dict[int, torch.Generator] | None = None) -> SamplingMetadata:
+    """Build :class:`SamplingMetadata` from per-row objects with ``sampling_params``,
+    ``output_token_ids``, ``prompt_token_ids`` and optional ``allowed_mask`` / ``bias`` caches
+    (the model runner's request states)."""
+    params = [r.sampling_params for r in rows]
+    temps = [float(sp.temperature) for sp in params]
+    greedy = [t < _GREEDY_EPS for t in temps]
+    md = SamplingMetadata(
+        temperature=torch.tensor(temps, dtype=torch.float32),
+        all_greedy=all(greedy),
+        all_random=not any(greedy),
+        generators=generators or {},
+    )
+    if any(sp.top_k > 0 for sp in params):
+        md.top_k = torch.tensor([sp.top_k for sp in params], dtype=torch.int64)
+    if any(sp.top_p < 1.0 for sp in params):
+        md.top_p = torch.tensor([sp.top_p for sp in params], dtype=torch.float32)
+    if any(sp.min_p > 0.0 for sp in params):
+        md.min_p = torch.tensor([sp.min_p for sp in params], dtype=torch.float32)
+    wanted = [sp.logprobs for sp in params if sp.logprobs is not None]
+    if wanted:
+        md.max_num_logprobs = -1 if -1 in wanted else max(wanted)
+    if any(sp.allowed_token_ids is not None for sp in params):
+        mask = torch.ones(len(rows), vocab, dtype=torch.bool)
+        for i, r in enumerate(rows):
+            if r.sampling_params.allowed_token_ids is not None:
+                mask[i] = r.allowed_mask(vocab)
+        md.allowed_mask = mask
+    ban_rows: list[int] = []
+    ban_ids: list[int] = []
+    bias_rows: list[int] = []
+    bias_ids: list[int] = []
+    bias_values: list[float] = []
+    for i, r in enumerate(rows):
+        sp = r.sampling_params
+        out = r.output_token_ids
+        for word in sp.bad_words_token_ids:
+            # the last token of a bad word is banned when the tokens before it were just generated
+            prefix = word[:-1]
+            if not prefix or out[len(out) - len(prefix):] == prefix:
+                ban_rows.append(i)
+                ban_ids.append(word[-1])
+        if len(out) < sp.min_tokens:
+            stops = list(sp.stop_token_ids)
+            eos = getattr(r, "eos_token_id", None)
+            if eos is not None and not sp.ignore_eos:
+                stops.append(eos)
+            ban_rows += [i] * len(stops)
+            ban_ids += stops
+        if sp.logit_bias:
+            bias_rows += [i] * len(sp.logit_bias)
+            bias_ids += list(sp.logit_bias.keys())
+            bias_values += list(sp.logit_bias.values())
+    if ban_rows:
+        md.banned = (torch.tensor(ban_rows), torch.tensor(ban_ids))
+    if bias_rows:
+        md.logit_bias = (torch.tensor(bias_rows), torch.tensor(bias_ids), torch.tensor(bias_values, dtype=torch.float32))
+    if any(sp.has_penalties for sp in params):
+        md.output_token_ids = [r.output_token_ids for r in rows]
+        if any(sp.presence_penalty != 0.0 for sp in params):
+            md.presence_penalty = torch.tensor([sp.presence_penalty for sp in params], dtype=torch.float32)
+        if any(sp.frequency_penalty != 0.0 for sp in params):
+            md.frequency_penalty = torch.tensor([sp.frequency_penalty for sp in params], dtype=torch.float32)
+        if any(sp.repetition_penalty != 1.0 for sp in params):
+            md.repetition_penalty = torch.tensor([sp.repetition_penalty for sp in params], dtype=torch.float32)
+            md.prompt_token_ids = [r.prompt_token_ids for r in rows]
+    return md
+
+
+__all__ = [
+    "LogprobsTensors",
+    "Sampler",
+    "SamplerOutput",
+    "SamplingMetadata",
+    "apply_logits_processors",
+    "draw",
+    "gather_logprobs",
+    "make_metadata",
+]

@@ -60,13 +60,16 @@ class KVCacheManager:
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """The longest run of cached full blocks matching the request's prefix, and the number
         of tokens they cover. At most ``num_tokens - 1`` tokens count as a hit: the last token is
-        always recomputed to get logits (a fully cached prompt drops its last block).
+        always recomputed to get logits (a fully cached prompt drops its last block). A request
+        asking for prompt logprobs gets no hit: it needs the logits of every prompt position.
 
         Looking up takes no references and counts no stats: pass the blocks to
         :meth:`allocate_slots`, which records the lookup once the request is admitted.
         """
         if not self.enable_caching:
             return [], 0
+        if getattr(request.sampling_params, "prompt_logprobs", None) is not None:
+            return [], 0  # every prompt position must be computed to score it
         max_hit_blocks = min((request.num_tokens - 1) // self.block_size, len(request.block_hashes))
         hit: list[KVCacheBlock] = []
         get = self.block_pool.get_cached_block

@@ -272,6 +272,7 @@ class Scheduler:
                 block_ids=kv.get_block_ids(r.request_id),
                 num_computed_tokens=r.num_computed_tokens,
                 output_token_ids=list(r.output_token_ids),
+                eos_token_id=r.eos_token_id,
             )
             for r in scheduled_new
         ]
@@ -313,8 +314,11 @@ class Scheduler:
             if i is None:
                 continue
             sampled = sampled_token_ids[i]
+            prompt_logprobs = model_runner_output.prompt_logprobs.get(req_id)
             # a sample from a prefill chunk that has not reached the end of the prompt is void
             if not sampled or request.num_computed_tokens < request.num_tokens:
+                if prompt_logprobs:
+                    outputs.append(EngineCoreOutput(req_id=req_id, new_token_ids=[], new_prompt_logprobs=prompt_logprobs))
                 continue
             new_token_ids: list[int] = []
             for token_id in sampled:
@@ -322,6 +326,7 @@ class Scheduler:
                 new_token_ids.append(token_id)
                 if self._check_stop(request):
                     break
+            row_logprobs = model_runner_output.logprobs[i] if model_runner_output.logprobs else None
             finish_reason = None
             if request.is_finished():
                 finish_reason = request.get_finished_reason()
@@ -334,6 +339,8 @@ class Scheduler:
                     finish_reason=finish_reason,
                     stop_reason=request.stop_reason,
                     num_cached_tokens=max(request.num_cached_tokens, 0),
+                    new_logprobs=row_logprobs[: len(new_token_ids)] if row_logprobs else None,
+                    new_prompt_logprobs=prompt_logprobs or None,
                 )
             )
         if stopped:

@@ -195,7 +195,7 @@ def test_sampling_params_validation():
         ({"min_tokens": -1}, "min_tokens"),
         ({"min_tokens": 5, "max_tokens": 4}, "min_tokens"),
         ({"stop_token_ids": [-1]}, "stop_token_ids"),
-        ({"logprobs": -1}, "logprobs"),
+        ({"logprobs": -2}, "logprobs"),
     ]:
         with pytest.raises(ValueError, match=field_name):
             SamplingParams(**kwargs)
