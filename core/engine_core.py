@@ -5,16 +5,18 @@ This is what the engine-core process runs; the offline :class:`host.LLM` drives 
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 from typing import Iterable
 
 from host.core.config import EngineConfig
 from host.core.kv_cache.manager import KVCacheManager
 from host.core.kv_cache.spec import KVCacheConfig, num_blocks_from_memory
-from host.core.outputs import EngineCoreOutputs, ModelRunnerOutput
+from host.core.outputs import EngineCoreOutputs, ModelRunnerOutput, SchedulerOutput
 from host.core.plugins.manager import get_plugin_host
 from host.core.request import Request, RequestStatus
 from host.core.scheduler.scheduler import Scheduler
+from host.core.structured_output import StructuredOutputManager
 
 logger = logging.getLogger("host.engine")
 
@@ -58,12 +60,53 @@ class EngineCore:
             max_model_len=config.scheduler.max_model_len,
         )
         self.scheduler = Scheduler(config.scheduler, cache, self.kv_cache_manager)
+        self._structured_output_manager: StructuredOutputManager | None = None
 
     def add_request(self, request: Request) -> None:
         """Queue a request; its sampling params are checked against the model first (token ids
         inside the vocabulary), so a bad request is a ``ValueError`` and never reaches a step."""
         request.sampling_params.verify(self.config.model.hf_config.vocab_size)
+        if request.sampling_params.structured_outputs is not None:
+            self.structured_output_manager.grammar_init(request)
         self.scheduler.add_request(request)
+
+    @property
+    def structured_output_manager(self) -> StructuredOutputManager:
+        """Created with the first constrained request (it loads the tokenizer for xgrammar)."""
+        if self._structured_output_manager is None:
+            self._structured_output_manager = StructuredOutputManager(
+                self.config.model.tokenizer, self.config.model.hf_config.vocab_size
+            )
+        return self._structured_output_manager
+
+    def _wait_for_grammars(self, timeout: float = 0.05) -> None:
+        """Nothing could run: if requests wait for their grammar, block briefly on the
+        compilation instead of spinning (the compile threads need the CPU)."""
+        if self._structured_output_manager is None:
+            return
+        futures = [
+            r.structured_output.future
+            for r in self.scheduler.requests.values()
+            if r.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+        ]
+        if futures:
+            concurrent.futures.wait(futures, timeout=timeout, return_when=concurrent.futures.FIRST_COMPLETED)
+
+    def _attach_grammar_bitmask(self, scheduler_output: SchedulerOutput) -> None:
+        """Bitmask rows for the constrained requests that sample a token this step."""
+        if self._structured_output_manager is None:
+            return
+        requests = self.scheduler.requests
+        constrained = [
+            requests[req_id]
+            for req_id in scheduler_output.num_scheduled_tokens
+            if requests[req_id].structured_output is not None
+            # num_computed_tokens already counts this step's tokens: a final chunk samples
+            and requests[req_id].num_computed_tokens >= requests[req_id].num_tokens
+        ]
+        if constrained:
+            scheduler_output.structured_output_request_ids = [r.request_id for r in constrained]
+            scheduler_output.grammar_bitmask = self._structured_output_manager.grammar_bitmask(constrained)
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         self.scheduler.finish_requests(list(request_ids), RequestStatus.FINISHED_ABORTED)
@@ -78,10 +121,16 @@ class EngineCore:
         """Schedule, execute and update once; returns the new tokens of every request."""
         scheduler_output = self.scheduler.schedule()
         if scheduler_output.total_num_scheduled_tokens == 0:
+            if scheduler_output.finished_req_ids or scheduler_output.preempted_req_ids:
+                self.executor.execute_model(scheduler_output)  # the runner must drop them
+            self._wait_for_grammars()
             empty = ModelRunnerOutput(req_ids=[], req_id_to_index={}, sampled_token_ids=[])
             return self.scheduler.update_from_output(scheduler_output, empty)
+        self._attach_grammar_bitmask(scheduler_output)
         runner_output = self.executor.execute_model(scheduler_output)
         return self.scheduler.update_from_output(scheduler_output, runner_output)
 
     def shutdown(self) -> None:
+        if self._structured_output_manager is not None:
+            self._structured_output_manager.shutdown()
         self.executor.shutdown()

@@ -188,6 +188,8 @@ class LLM:
             for out in step.outputs:
                 if not processor.has(out.req_id):
                     continue
+                if out.error is not None:
+                    raise ValueError(f"request {out.req_id}: {out.error}")
                 _, stop_str = processor.process(out)
                 if stop_str is not None and not out.finished:
                     stopped.append(out.req_id)

@@ -10,6 +10,7 @@ over the whole batch, never with a per-token Python loop.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,10 +20,21 @@ import torch
 from host.core.config import EngineConfig
 from host.core.forward_context import ForwardContext, set_forward_context
 from host.core.outputs import ModelRunnerOutput, NewRequestData, SchedulerOutput, TokenLogprobs
+from host.core.structured_output import bitmask_to_bool
 from host.core.sampler import LogprobsTensors, Sampler, gather_logprobs, make_metadata, seeded_generator
 from host.sdk.attention import AttentionBackend, CommonAttentionMetadata
 
 logger = logging.getLogger("host.model_runner")
+
+
+@dataclass
+class StepTiming:
+    """Where one step's time went: the sampler (metadata included) against the whole step."""
+
+    num_reqs: int
+    num_tokens: int
+    sampler_s: float
+    step_s: float
 
 
 @dataclass
@@ -141,6 +153,8 @@ class ModelRunner:
         self.kv_buffer: torch.Tensor | None = None
         self.input_batch: InputBatch | None = None
         self.sampler = Sampler()
+        # set to a list to record a StepTiming per step (benchmarks read it)
+        self.step_timings: list[StepTiming] | None = None
         self._attn_builder: Any = None
         self.block_size = config.cache.block_size
 
@@ -289,6 +303,7 @@ class ModelRunner:
     @torch.inference_mode()
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
         assert self.model is not None and self.attn_backend is not None and self.input_batch is not None
+        t_start = time.perf_counter()
         self._update_states(so)
         batch = self.input_batch
         if so.total_num_scheduled_tokens == 0 or batch.num_reqs == 0:
@@ -308,9 +323,13 @@ class ModelRunner:
         computed_after = computed_before + num_scheduled
         # rows whose sample becomes a token (a prefill chunk short of the prompt's end does not)
         final = computed_after >= batch.num_tokens[:num_reqs]
+        t_sample = time.perf_counter()
         md = make_metadata(states, logits.shape[-1], generators=self._generators(states, final))
+        if so.grammar_bitmask is not None:
+            self._apply_grammar(md, so, req_ids, logits.shape[-1])
         result = self.sampler(logits, md)
         sampled = result.sampled_token_ids.tolist()
+        t_sampled = time.perf_counter()
         prompt_logprobs = self._prompt_logprobs(hidden, states, computed_before, num_scheduled)
 
         sampled_lists: list[list[int]] = []
@@ -333,6 +352,10 @@ class ModelRunner:
                 logprob_lists.append([_row_logprobs(result.logprobs, i, k)])
             else:
                 logprob_lists.append(None)
+        if self.step_timings is not None:
+            self.step_timings.append(
+                StepTiming(num_reqs, int(num_scheduled.sum()), t_sampled - t_sample, time.perf_counter() - t_start)
+            )
         return ModelRunnerOutput(
             req_ids=req_ids,
             req_id_to_index={r: i for i, r in enumerate(req_ids)},
@@ -340,6 +363,16 @@ class ModelRunner:
             logprobs=logprob_lists if any(x is not None for x in logprob_lists) else None,
             prompt_logprobs=prompt_logprobs,
         )
+
+    @staticmethod
+    def _apply_grammar(md: Any, so: SchedulerOutput, req_ids: list[str], vocab: int) -> None:
+        """Fold the structured-output bitmask rows into the sampler's allowed-token mask."""
+        index = {r: i for i, r in enumerate(req_ids)}
+        rows = [index[r] for r in so.structured_output_request_ids]
+        allowed = bitmask_to_bool(so.grammar_bitmask, vocab)
+        mask = md.allowed_mask if md.allowed_mask is not None else torch.ones(len(req_ids), vocab, dtype=torch.bool)
+        mask[rows] &= allowed
+        md.allowed_mask = mask
 
     @staticmethod
     def _generators(states: list[CachedRequestState], final: np.ndarray) -> dict[int, torch.Generator]:

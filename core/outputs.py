@@ -40,6 +40,10 @@ class SchedulerOutput:
     total_num_scheduled_tokens: int
     finished_req_ids: set[str] = field(default_factory=set)  # drop from the persistent batch
     preempted_req_ids: set[str] = field(default_factory=set)
+    # structured outputs: one int32 bitmask row (ceil(vocab/32) words) per request id listed,
+    # for the requests that sample a token this step
+    structured_output_request_ids: list[str] = field(default_factory=list)
+    grammar_bitmask: Any = None
 
     @property
     def is_empty(self) -> bool:
@@ -82,6 +86,7 @@ class EngineCoreOutput:
     num_cached_tokens: int = 0
     new_logprobs: list[TokenLogprobs] | None = None  # one per new token, when requested
     new_prompt_logprobs: list[TokenLogprobs] | None = None  # prompt positions done this step
+    error: str | None = None  # why the engine failed the request (finish_reason "abort")
 
     @property
     def finished(self) -> bool:

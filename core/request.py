@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 import time
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from host.core.sampling_params import SamplingParams
 
@@ -20,6 +20,7 @@ class RequestStatus(enum.IntEnum):
     """Lifecycle of a request; every status after ``PREEMPTED`` is final."""
 
     WAITING = enum.auto()
+    WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR = enum.auto()  # queued, its grammar still compiling
     RUNNING = enum.auto()
     PREEMPTED = enum.auto()
     # finished states: keep them last (is_finished compares against PREEMPTED)
@@ -87,6 +88,8 @@ class Request:
         self.num_cached_tokens = -1
         self.num_preemptions = 0
         self.stop_reason: int | str | None = None
+        # set by the engine core for a request with structured_outputs (see structured_output.py)
+        self.structured_output: Any = None
 
         self.block_hashes: list[BlockHash] = []
         self._block_hasher: BlockHasher | None = None

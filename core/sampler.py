@@ -89,18 +89,27 @@ class Sampler:
         return SamplerOutput(sampled, logprobs)
 
     def sample(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
-        greedy = logits.argmax(dim=-1)
         if md.all_greedy:
-            return greedy
+            return logits.argmax(dim=-1)
         temperature = md.temperature.to(logits.device)
         is_greedy = temperature < _GREEDY_EPS
-        logits = logits / torch.where(is_greedy, torch.ones_like(temperature), temperature)[:, None]
-        if md.min_p is not None:
-            logits = apply_min_p(logits, md.min_p)
-        random = draw(logits, md.top_k, md.top_p, md.generators)
-        if md.all_random:
-            return random
-        return torch.where(is_greedy, greedy, random)
+        out = torch.empty(logits.shape[0], dtype=torch.int64)
+        rows = torch.arange(logits.shape[0]) if md.all_random else torch.nonzero(~is_greedy).squeeze(1)
+        if not md.all_random:
+            greedy_rows = torch.nonzero(is_greedy).squeeze(1)
+            out[greedy_rows] = logits.index_select(0, greedy_rows).argmax(dim=-1)
+        sub = logits if md.all_random else logits.index_select(0, rows)
+        pick = lambda t: None if t is None else (t if md.all_random else t.index_select(0, rows))  # noqa: E731
+        gens = md.generators if md.all_random else _remap(md.generators, rows)
+        out[rows] = draw(sub, temperature if md.all_random else temperature[rows], pick(md.min_p), pick(md.top_k), pick(md.top_p), gens)
+        return out
+
+
+def _remap(generators: dict[int, torch.Generator], rows: torch.Tensor) -> dict[int, torch.Generator]:
+    """Generators keyed by position in ``rows`` instead of batch row."""
+    if not generators:
+        return {}
+    return {j: generators[r] for j, r in enumerate(rows.tolist()) if r in generators}
 
 
 # -- logits processors --------------------------------------------------------------------------
@@ -168,13 +177,11 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
 # -- drawing ------------------------------------------------------------------------------------
 
 
-def _uniforms(n: int, rows: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
-    """One uniform in [0, 1) per selected row (float64), seeded rows from their generator."""
+def _uniforms(n: int, generators: dict[int, torch.Generator]) -> torch.Tensor:
+    """One uniform in [0, 1) per row (float64); rows with a generator draw from it."""
     u = torch.rand(n, dtype=torch.float64)
-    for j, row in enumerate(rows.tolist()):
-        gen = generators.get(row)
-        if gen is not None:
-            u[j] = torch.rand(1, dtype=torch.float64, generator=gen)[0]
+    for row, gen in generators.items():
+        u[row] = float(torch.rand(1, dtype=torch.float64, generator=gen))
     return u
 
 
@@ -193,53 +200,94 @@ def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 def draw(
     logits: torch.Tensor,
+    temperature: torch.Tensor,
+    min_p: torch.Tensor | None,
     top_k: torch.Tensor | None,
     top_p: torch.Tensor | None,
     generators: dict[int, torch.Generator],
 ) -> torch.Tensor:
-    """A token per row from ``softmax(logits)`` restricted by top-k, then top-p."""
+    """A token per row from ``softmax(logits / temperature)`` restricted by min-p, top-k, then
+    top-p (top-p of the top-k distribution when both are set).
+
+    Rows with a top-k never touch the whole vocabulary after one ``topk`` of the raw logits
+    (temperature does not change the order, and min-p only compares with the best token).
+    Other rows with a top-p first try the best 1024 tokens and sort the whole row only when
+    those hold less than the nucleus."""
     batch, vocab = logits.shape
     out = torch.empty(batch, dtype=torch.int64)
     k = top_k if top_k is not None else torch.zeros(batch, dtype=torch.int64)
     p = top_p if top_p is not None else torch.ones(batch)
-    restricted = (k > 0) | (p < 1.0)
-    plain_rows = torch.nonzero(~restricted).squeeze(1)
-    if plain_rows.numel():
-        sub = logits.index_select(0, plain_rows)
-        probs = (sub - sub.max(dim=-1, keepdim=True).values).exp()
-        out[plain_rows] = _inverse_cdf(probs, _uniforms(plain_rows.numel(), plain_rows, generators))
-    rows = torch.nonzero(restricted).squeeze(1)
-    if rows.numel():
-        out[rows] = _draw_restricted(logits.index_select(0, rows), rows, k[rows], p[rows], generators)
+    mp = min_p if min_p is not None else torch.zeros(batch)
+    u = _uniforms(batch, generators)
+
+    k_rows = torch.nonzero(k > 0).squeeze(1)
+    if k_rows.numel():
+        kk = k[k_rows].clamp(max=vocab)
+        values, ids = logits.index_select(0, k_rows).topk(int(kk.max()), dim=-1)
+        values = values / temperature[k_rows, None]
+        values = values.masked_fill(torch.arange(values.shape[1])[None, :] >= kk[:, None], float("-inf"))
+        values = _min_p_sorted(values, mp[k_rows])
+        probs = (values - values[:, :1]).exp()  # unnormalized top-k distribution
+        probs = _nucleus(probs, probs.sum(dim=-1), p[k_rows])
+        out[k_rows] = ids.gather(1, _inverse_cdf(probs, u[k_rows])[:, None]).squeeze(1)
+
+    rest = torch.nonzero(k <= 0).squeeze(1)
+    if rest.numel():
+        scaled = logits.index_select(0, rest) / temperature[rest, None]
+        if bool((mp[rest] > 0).any()):
+            scaled = apply_min_p(scaled, mp[rest])
+        pr = p[rest]
+        nucleus_rows = torch.nonzero(pr < 1.0).squeeze(1)
+        plain_rows = torch.nonzero(pr >= 1.0).squeeze(1)
+        if plain_rows.numel():
+            sub = scaled.index_select(0, plain_rows)
+            probs = (sub - sub.max(dim=-1, keepdim=True).values).exp()
+            out[rest[plain_rows]] = _inverse_cdf(probs, u[rest[plain_rows]])
+        if nucleus_rows.numel():
+            sub = scaled.index_select(0, nucleus_rows)
+            out[rest[nucleus_rows]] = _draw_nucleus(sub, pr[nucleus_rows], u[rest[nucleus_rows]])
     return out
 
 
-def _draw_restricted(
-    logits: torch.Tensor, rows: torch.Tensor, k: torch.Tensor, p: torch.Tensor, generators: dict[int, torch.Generator]
-) -> torch.Tensor:
+def _draw_nucleus(logits: torch.Tensor, top_p: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Top-p draw without a top-k: from the best 1024 candidates when they hold the nucleus,
+    else (for those rows only) from the whole sorted row."""
     vocab = logits.shape[-1]
-    has_k = k > 0
-    want = torch.where(has_k, k, torch.full_like(k, _TOP_P_CANDIDATES)).clamp(max=vocab)
-    width = int(want.max())
-    values, ids = logits.topk(width, dim=-1)  # sorted, best first
-    # top-p-only rows: the candidates must hold the nucleus; otherwise sort the whole row
-    lse_full = logits.logsumexp(dim=-1)
-    cand_mass = (values.logsumexp(dim=-1) - lse_full).exp()
-    too_small = ~has_k & (cand_mass < p) & (width < vocab)
-    if bool(too_small.any()):
-        values, ids = logits.sort(dim=-1, descending=True)
-        width = vocab
-    ranks = torch.arange(width)[None, :]
-    keep = ranks < torch.where(has_k, k, torch.full_like(k, width))[:, None]
-    values = values.masked_fill(~keep, float("-inf"))
-    # nucleus over the top-k distribution when top-k is set, over the full one otherwise
-    lse = torch.where(has_k, values.logsumexp(dim=-1), lse_full)
-    probs = (values - lse[:, None]).exp()
-    before = probs.cumsum(dim=-1) - probs  # mass of better tokens
-    nucleus = (before < p[:, None]) | (p[:, None] >= 1.0)
-    probs = probs.masked_fill(~nucleus, 0.0)
-    col = _inverse_cdf(probs, _uniforms(rows.numel(), rows, generators))
-    return ids.gather(1, col[:, None]).squeeze(1)
+    top = logits.max(dim=-1, keepdim=True).values
+    total = (logits - top).exp().sum(dim=-1)  # mass of each whole row (unnormalized)
+    width = min(vocab, _TOP_P_CANDIDATES)
+    values, ids = logits.topk(width, dim=-1)
+    probs = (values - top).exp()
+    out = torch.empty(logits.shape[0], dtype=torch.int64)
+    wide = (probs.sum(dim=-1) < top_p * total) if width < vocab else torch.zeros(logits.shape[0], dtype=torch.bool)
+    fits = torch.nonzero(~wide).squeeze(1)
+    if fits.numel():
+        kept = _nucleus(probs[fits], total[fits], top_p[fits])
+        out[fits] = ids[fits].gather(1, _inverse_cdf(kept, u[fits])[:, None]).squeeze(1)
+    wide_rows = torch.nonzero(wide).squeeze(1)
+    if wide_rows.numel():
+        values, ids = logits[wide_rows].sort(dim=-1, descending=True)
+        kept = _nucleus((values - top[wide_rows]).exp(), total[wide_rows], top_p[wide_rows])
+        out[wide_rows] = ids.gather(1, _inverse_cdf(kept, u[wide_rows])[:, None]).squeeze(1)
+    return out
+
+
+def _min_p_sorted(values: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """min-p on candidates sorted best first (column 0 is the best token of the row)."""
+    if not bool((min_p > 0).any()):
+        return values
+    threshold = values[:, :1] + torch.log(min_p.clamp(min=0))[:, None]
+    return values.masked_fill(values < threshold, float("-inf"))
+
+
+def _nucleus(probs: torch.Tensor, total: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Zero the candidates (sorted best first, unnormalized, row mass ``total``) outside the
+    top-p nucleus: a token stays while the mass of better tokens is below ``top_p``."""
+    if not bool((top_p < 1.0).any()):
+        return probs
+    before = probs.cumsum(dim=-1) - probs
+    keep = (before < top_p[:, None] * total[:, None]) | (top_p[:, None] >= 1.0)
+    return probs.masked_fill(~keep, 0.0)
 
 
 # -- logprobs -----------------------------------------------------------------------------------

@@ -124,7 +124,10 @@ class Scheduler:
                     f"request {req_id!r} hashes blocks of {request.block_hasher.block_size} tokens "
                     f"but the KV cache uses block_size={self.block_size}; leave block_hasher unset"
                 )
-        request.status = RequestStatus.WAITING
+        if request.structured_output is not None:
+            request.status = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+        else:
+            request.status = RequestStatus.WAITING
         self.requests[req_id] = request
         self.waiting.add_request(request)
 
@@ -234,9 +237,19 @@ class Scheduler:
             req_index += 1
 
         # 2. waiting requests (not in a step that had to preempt: memory is short)
+        skipped: list[Request] = []  # still compiling their grammar: stay queued, in order
         if not preempted:
             while self.waiting and token_budget > 0 and len(self.running) < self.max_num_running_reqs:
                 request = self.waiting.peek_request()
+                if request.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR:
+                    if not request.structured_output.ready():
+                        skipped.append(self.waiting.pop_request())
+                        continue
+                    if request.structured_output.error is not None:
+                        self.waiting.pop_request()
+                        self._fail_request(request, request.structured_output.error)
+                        continue
+                    request.status = RequestStatus.WAITING
                 hit_blocks, num_hit = kv.get_computed_blocks(request)
                 num_new = request.num_tokens - num_hit
                 if chunked:
@@ -262,6 +275,9 @@ class Scheduler:
                 scheduled_new.append(request)
                 num_scheduled[request.request_id] = num_new
                 token_budget -= num_new
+
+        for request in reversed(skipped):
+            self.waiting.prepend_request(request)
 
         # 3. the plan
         new_reqs = [
@@ -326,6 +342,11 @@ class Scheduler:
                 new_token_ids.append(token_id)
                 if self._check_stop(request):
                     break
+            error = None
+            if request.structured_output is not None and not self._accept_structured(request, new_token_ids):
+                error = f"token {new_token_ids[-1]} broke the request's structured_outputs grammar"
+                logger.error("request %s: %s", req_id, error)
+                request.status = RequestStatus.FINISHED_ABORTED
             row_logprobs = model_runner_output.logprobs[i] if model_runner_output.logprobs else None
             finish_reason = None
             if request.is_finished():
@@ -341,6 +362,7 @@ class Scheduler:
                     num_cached_tokens=max(request.num_cached_tokens, 0),
                     new_logprobs=row_logprobs[: len(new_token_ids)] if row_logprobs else None,
                     new_prompt_logprobs=prompt_logprobs or None,
+                    error=error,
                 )
             )
         if stopped:
@@ -412,6 +434,21 @@ class Scheduler:
                 finish_reason="length",
                 num_cached_tokens=max(request.num_cached_tokens, 0),
             )
+        )
+
+    @staticmethod
+    def _accept_structured(request: Request, token_ids: list[int]) -> bool:
+        from host.core.structured_output import StructuredOutputManager
+
+        return StructuredOutputManager.accept_tokens(request, token_ids)
+
+    def _fail_request(self, request: Request, error: str) -> None:
+        """Finish a waiting request that cannot run (e.g. its grammar did not compile); the
+        error goes out with its final output."""
+        request.status = RequestStatus.FINISHED_ABORTED
+        self._free_request(request)
+        self._pending_outputs.append(
+            EngineCoreOutput(req_id=request.request_id, new_token_ids=[], finish_reason="abort", error=error)
         )
 
     def _free_request(self, request: Request) -> None:

@@ -104,13 +104,17 @@ def test_sampling_follows_the_exact_distribution(case):
 
 
 def test_top_p_nucleus_larger_than_the_candidate_set_falls_back_to_a_full_sort():
-    vocab = 5000  # nearly flat: the 0.9 nucleus holds ~4500 tokens, more than the 1024 candidates
-    logits = torch.randn(vocab, generator=torch.Generator().manual_seed(1)) * 0.05
+    vocab = 5000  # flat rows: the 0.9 nucleus holds ~4500 tokens, more than the 1024 candidates
+    flat = torch.randn(vocab, generator=torch.Generator().manual_seed(1)) * 0.05
+    peaked = torch.randn(vocab, generator=torch.Generator().manual_seed(2)) * 6
+    logits = torch.stack([flat, peaked] * 200)
     torch.manual_seed(0)
-    out = sample(logits.repeat(400, 1), [Row(SamplingParams(top_p=0.9))] * 400).sampled_token_ids
-    allowed = ref_probs(logits, top_p=0.9) > 0
-    assert bool(allowed[out].all())
-    assert len(set(out.tolist())) > 300  # drawn from far beyond 1024 candidates... of ~4500
+    out = sample(logits, [Row(SamplingParams(top_p=0.9))] * 400).sampled_token_ids
+    flat_ok, peaked_ok = ref_probs(flat, top_p=0.9) > 0, ref_probs(peaked, top_p=0.9) > 0
+    assert bool(flat_ok[out[0::2]].all()) and bool(peaked_ok[out[1::2]].all())
+    top1024 = set(flat.topk(1024).indices.tolist())
+    assert sum(t not in top1024 for t in out[0::2].tolist()) > 100  # most draws lie beyond them
+    assert int(peaked_ok.sum()) < 1024
 
 
 def test_greedy_and_random_rows_mix():
