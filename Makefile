@@ -25,8 +25,9 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install --quiet -e ".[test]"
 	touch $(STAMP)
 
+# the OpenAI-compatible server on http://127.0.0.1:8000 (SERVE_ARGS="--port 9000 ..." to change)
 serve: install
-	$(VENV)/bin/host chat
+	$(VENV)/bin/host serve $(SERVE_ARGS)
 
 test: install
 	$(VENV)/bin/pytest -q

@@ -119,6 +119,13 @@ class EngineConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     attention_backend: str | None = None
     device: str = "auto"
+    # -O level: 0 = eager (no compiled kernels or graphs), 1-3 = the platform's optimizations
+    # (see the platform's docs for what each level adds)
+    optimization_level: int = 2
+
+    def __post_init__(self) -> None:
+        if self.optimization_level not in (0, 1, 2, 3):
+            raise ValueError(f"optimization_level={self.optimization_level} must be 0, 1, 2 or 3 (-O0 ... -O3)")
 
     @property
     def dtype(self) -> str:

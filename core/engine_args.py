@@ -37,6 +37,7 @@ class EngineArgs:
     scheduling_policy: str = "fcfs"
     attention_backend: str | None = None
     distributed_executor_backend: str = "uniproc"
+    optimization_level: int = 2
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> "EngineArgs":
@@ -109,6 +110,7 @@ class EngineArgs:
             parallel=ParallelConfig(distributed_executor_backend=self.distributed_executor_backend),
             attention_backend=self.attention_backend,
             device=platform.device_type,
+            optimization_level=self.optimization_level,
         )
         host = get_plugin_host()
         host.call_each("host_adjust_config", config=config)

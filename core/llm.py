@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 from host.core.engine_args import EngineArgs
 from host.core.engine_core import EngineCore
-from host.core.output_processor import CompletionOutput, Logprob, OutputProcessor, RequestOutput
+from host.core.output_processor import CompletionOutput, Logprob, OutputProcessor, RequestOutput, prepare_params
 from host.core.plugins.manager import PluginHost, get_plugin_host, set_plugin_host
 from host.core.plugins.settings import PluginSettings
 from host.core.request import Request, RequestStatus
@@ -163,23 +163,7 @@ class LLM:
         return results
 
     def _prepare_params(self, params: SamplingParams) -> SamplingParams:
-        """Front-end preparation: bad words become token id sequences (with and without a
-        leading space, as a word inside a sentence is tokenized differently)."""
-        if not params.bad_words:
-            return params
-        if self.tokenizer is None:
-            raise ValueError("bad_words needs a tokenizer; this LLM was built with skip_tokenizer_init=True")
-        import copy
-
-        params = copy.copy(params)
-        seqs: list[list[int]] = []
-        for word in params.bad_words:
-            for variant in (word, " " + word.lstrip()):
-                ids = self.tokenizer.encode(variant, add_special_tokens=False)
-                if ids and ids not in seqs:
-                    seqs.append(ids)
-        params.bad_words_token_ids = seqs
-        return params
+        return prepare_params(self.tokenizer, params)
 
     def _run(self, processor: OutputProcessor) -> None:
         while self.engine.has_unfinished_requests():

@@ -85,6 +85,27 @@ class _Parent:
         self.result.finished = all(s.output.finished for s in self.sequences)
 
 
+def prepare_params(tokenizer: Any | None, params: SamplingParams) -> SamplingParams:
+    """Front-end preparation of a request's params: ``bad_words`` become token id sequences
+    (each word with and without a leading space, as a word inside a sentence is tokenized
+    differently). Returns a copy when something changed."""
+    if not params.bad_words:
+        return params
+    if tokenizer is None:
+        raise ValueError("bad_words needs a tokenizer; this engine was built with skip_tokenizer_init=True")
+    import copy
+
+    params = copy.copy(params)
+    seqs: list[list[int]] = []
+    for word in params.bad_words:
+        for variant in (word, " " + word.lstrip()):
+            ids = tokenizer.encode(variant, add_special_tokens=False)
+            if ids and ids not in seqs:
+                seqs.append(ids)
+    params.bad_words_token_ids = seqs
+    return params
+
+
 class OutputProcessor:
     """Front-end bookkeeping for every request in flight."""
 

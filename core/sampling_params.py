@@ -128,6 +128,12 @@ class SamplingParams:
         if self.top_k == -1:
             self.top_k = 0
         if isinstance(self.structured_outputs, dict):
+            known = {"json", "json_object", "regex", "choice", "grammar"}
+            unknown = sorted(set(self.structured_outputs) - known)
+            if unknown:
+                raise ValueError(
+                    f"structured_outputs has unknown key(s) {unknown}; use one of {', '.join(sorted(known))}"
+                )
             self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
         if self.logit_bias is not None:
             try:

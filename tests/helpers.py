@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -37,3 +40,62 @@ def subprocess_env(sites: list[str], **extra: str) -> dict[str, str]:
 def run_host(args: list[str], sites: list[str], timeout: float = 120, **extra: str) -> subprocess.CompletedProcess:
     """Run the installed ``host`` command in a child process."""
     return subprocess.run([HOST_BIN, *args], capture_output=True, text=True, env=subprocess_env(sites, **extra), timeout=timeout)
+
+
+# -- a real `host serve` subprocess ---------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, proc: subprocess.Popen, port: int, log_path: str) -> None:
+        self.proc = proc
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.log_path = log_path
+
+    def log(self) -> str:
+        with open(self.log_path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+
+
+@contextlib.contextmanager
+def run_server(tmp_path, args: list[str] = (), sites: list[str] = (), timeout: float = 180, **env: str) -> Iterator["Server"]:
+    """Start ``host serve`` and wait for /health; stop it (SIGTERM, then SIGKILL) afterwards."""
+    port = free_port()
+    log_path = str(tmp_path / f"server-{port}.log")
+    log = open(log_path, "w")
+    proc = subprocess.Popen(
+        [HOST_BIN, "serve", "--port", str(port), "--max-model-len", "1024", *args],
+        stdout=log, stderr=subprocess.STDOUT, env=subprocess_env(list(sites), **env), start_new_session=True,
+    )
+    server = Server(proc, port, log_path)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"host serve exited with {proc.returncode}:\n{server.log()}")
+            try:
+                import httpx
+
+                if httpx.get(f"{server.url}/health", timeout=2).status_code == 200:
+                    break
+            except Exception:  # noqa: BLE001 - not up yet
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"host serve did not become healthy in {timeout} s:\n{server.log()}")
+            time.sleep(0.5)
+        yield server
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+        log.close()

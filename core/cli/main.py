@@ -7,6 +7,7 @@ import typer
 from host import __version__
 from host.core.cli.generate_cmd import chat_cmd, generate_cmd
 from host.core.cli.plugins_cmd import platform_cmd, plugins_app
+from host.core.cli.serve_cmd import serve_cmd
 from host.core.logging_config import configure_logging
 
 app = typer.Typer(
@@ -18,6 +19,7 @@ app.add_typer(plugins_app, name="plugins")
 app.command("platform")(platform_cmd)
 app.command("generate")(generate_cmd)
 app.command("chat")(chat_cmd)
+app.command("serve")(serve_cmd)
 
 
 @app.command("version")

@@ -44,14 +44,16 @@ class CpuPlatform(Platform):
 
     def prepare_model(self, model: Any, config: Any) -> None:
         """Repack linear weights for oneDNN (about 1.5-2x faster GEMMs on decode batches) and
-        attach the compiled kernels (small-batch linear, norms, rotary, SiLU-and-mul) when they
-        build here (``HOST_CPU_KERNELS=0`` keeps every layer on torch)."""
+        attach the compiled kernels (small-batch linear, norms, rotary, SiLU-and-mul, the fused
+        decode step) when they build here; ``-O0`` or ``HOST_CPU_KERNELS=0`` keeps every layer on
+        torch."""
         from host.plugins.builtin_cpu.fused_decode import attach_fused_decode
         from host.plugins.builtin_cpu.fused_ops import attach_fused_ops
         from host.plugins.builtin_cpu.kernels import cpu_kernels
         from host.plugins.builtin_cpu.packed_linear import pack_model_linears
 
-        kernels = cpu_kernels()
+        # -O0: eager torch only (no compiled kernels)
+        kernels = cpu_kernels() if getattr(config, "optimization_level", 2) > 0 else None
         pack_model_linears(
             model,
             batch_hint=config.scheduler.max_num_seqs,

@@ -1,7 +1,7 @@
-"""Built-in HTTP routes (entry point ``host.endpoints: builtin_endpoints``).
-
-The OpenAI-compatible routes arrive with the serving issue; until then this registers none.
-"""
+"""Built-in HTTP routes (entry point ``host.endpoints: builtin_endpoints``): the OpenAI API
+(``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``) and the server routes
+(``/tokenize``, ``/detokenize``, ``/health``, ``/version``, ``/metrics``, ``/v1/plugins``),
+each an :class:`host.sdk.EndpointPlugin` registered exactly as a third-party one would be."""
 
 from __future__ import annotations
 
@@ -12,4 +12,22 @@ from host.sdk import hookimpl
 
 @hookimpl
 def host_register_endpoints(register: Callable[..., None]) -> None:
-    """The built-in endpoint registry is empty until the HTTP server lands."""
+    from host.plugins.endpoints.openai_routes import ChatCompletionsEndpoint, CompletionsEndpoint
+    from host.plugins.endpoints.server_routes import (
+        HealthEndpoint,
+        MetricsEndpoint,
+        ModelsEndpoint,
+        PluginsEndpoint,
+        TokenizeEndpoint,
+    )
+
+    for plugin in (
+        CompletionsEndpoint(),
+        ChatCompletionsEndpoint(),
+        ModelsEndpoint(),
+        TokenizeEndpoint(),
+        HealthEndpoint(),
+        MetricsEndpoint(),
+        PluginsEndpoint(),
+    ):
+        register(plugin)

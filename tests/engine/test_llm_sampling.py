@@ -124,3 +124,18 @@ def test_bad_request_is_refused_before_it_runs(tiny):
     with pytest.raises(ValueError, match="bad_words needs a tokenizer"):
         llm.generate([{"prompt_token_ids": [5, 6]}], SamplingParams(bad_words=["x"]))
     assert blocks_free(llm) and not llm.engine.scheduler.requests
+
+
+def test_min_tokens_holds_back_a_stop_token_the_model_wants(tiny):
+    path, _ = tiny
+    llm = LLM(path, skip_tokenizer_init=True, max_model_len=64)
+    p = prompts([6], seed=11)[0]
+    free = llm.generate([{"prompt_token_ids": p}], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
+    first = free[0].outputs[0].token_ids[0]
+    stopped = llm.generate([{"prompt_token_ids": p}], SamplingParams(max_tokens=6, temperature=0, stop_token_ids=[first]))
+    assert stopped[0].outputs[0].token_ids == [first] and stopped[0].outputs[0].finish_reason == "stop"
+    assert stopped[0].outputs[0].stop_reason == first
+    held = llm.generate([{"prompt_token_ids": p}], SamplingParams(max_tokens=6, temperature=0, stop_token_ids=[first], min_tokens=3))
+    ids = held[0].outputs[0].token_ids
+    assert len(ids) >= 3 and first not in ids[:3]
+    assert blocks_free(llm)

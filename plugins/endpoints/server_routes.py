@@ -1,0 +1,157 @@
+"""The non-generation routes, as endpoint plugins: ``/v1/models``, ``/tokenize`` and
+``/detokenize``, ``/health`` and ``/version``, ``/metrics`` (Prometheus) and ``/v1/plugins``
+(what ``host plugins list --json`` prints, for every process of this server)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from host.plugins.endpoints.common import APIError, check_model, engine_of, error_response
+from host.plugins.endpoints.openai_routes import normalize_messages
+from host.plugins.endpoints.protocol import DetokenizeRequest, TokenizeRequest
+from host.sdk import EndpointPlugin
+
+
+class ModelsEndpoint(EndpointPlugin):
+    name = "openai_models"
+
+    def attach_router(self, app: Any) -> None:
+        router = APIRouter()
+
+        @router.get("/v1/models", summary="List served models")
+        async def list_models(raw: Request) -> JSONResponse:
+            state = raw.app.state
+            created = int(state.started_at)
+            return JSONResponse({
+                "object": "list",
+                "data": [
+                    {"id": name, "object": "model", "created": created, "owned_by": "host",
+                     "root": state.model_path, "max_model_len": state.max_model_len}
+                    for name in state.served_model_names
+                ],
+            })
+
+        app.include_router(router)
+
+    def routes(self) -> list[tuple[str, str]]:
+        return [("GET", "/v1/models")]
+
+
+class TokenizeEndpoint(EndpointPlugin):
+    name = "tokenize"
+
+    def attach_router(self, app: Any) -> None:
+        router = APIRouter()
+
+        @router.post("/tokenize", summary="Tokenize a prompt or chat messages")
+        async def tokenize(body: TokenizeRequest, raw: Request) -> JSONResponse:
+            engine = engine_of(raw)
+            check_model(raw, body.model)
+            tok = engine.tokenizer
+            if (body.prompt is None) == (body.messages is None):
+                raise APIError(400, "give exactly one of prompt and messages", param="prompt")
+            if body.prompt is not None:
+                ids = tok.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+            else:
+                try:
+                    text = tok.apply_chat_template(
+                        normalize_messages(body.messages), tokenize=False, add_generation_prompt=body.add_generation_prompt
+                    )
+                except APIError:
+                    raise
+                except Exception as exc:  # noqa: BLE001
+                    raise APIError(400, f"the chat template could not render these messages: {exc}", param="messages") from None
+                ids = tok.encode(text, add_special_tokens=False)
+            return JSONResponse({"count": len(ids), "max_model_len": raw.app.state.max_model_len, "tokens": ids})
+
+        @router.post("/detokenize", summary="Turn token ids back into text")
+        async def detokenize(body: DetokenizeRequest, raw: Request) -> JSONResponse:
+            engine = engine_of(raw)
+            check_model(raw, body.model)
+            vocab = engine.config.model.hf_config.vocab_size
+            bad = [t for t in body.tokens if not 0 <= t < vocab]
+            if bad:
+                raise APIError(400, f"token ids outside the vocabulary [0, {vocab}): {bad[:5]}", param="tokens")
+            return JSONResponse({"prompt": engine.tokenizer.decode(body.tokens)})
+
+        app.include_router(router)
+
+    def routes(self) -> list[tuple[str, str]]:
+        return [("POST", "/tokenize"), ("POST", "/detokenize")]
+
+
+class HealthEndpoint(EndpointPlugin):
+    name = "health"
+
+    def attach_router(self, app: Any) -> None:
+        router = APIRouter()
+
+        @router.get("/health", summary="200 while the engine is alive, 503 once it is not")
+        async def health(raw: Request) -> Response:
+            engine = getattr(raw.app.state, "engine", None)
+            if engine is None or not engine.is_healthy:
+                reason = engine.dead_reason if engine is not None else "no engine"
+                return error_response(503, f"engine is not healthy: {reason}", "ServiceUnavailableError")
+            return Response(status_code=200)
+
+        @router.get("/version", summary="The host version")
+        async def version() -> JSONResponse:
+            from host import __version__
+
+            return JSONResponse({"version": __version__})
+
+        app.include_router(router)
+
+    def routes(self) -> list[tuple[str, str]]:
+        return [("GET", "/health"), ("GET", "/version")]
+
+
+class MetricsEndpoint(EndpointPlugin):
+    name = "metrics"
+
+    def attach_router(self, app: Any) -> None:
+        router = APIRouter()
+
+        @router.get("/metrics", summary="Prometheus metrics")
+        async def metrics(raw: Request) -> Response:
+            m = raw.app.state.metrics
+            if m is None:
+                return Response(b"", media_type="text/plain")
+            return Response(m.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+        app.include_router(router)
+
+    def routes(self) -> list[tuple[str, str]]:
+        return [("GET", "/metrics")]
+
+
+class PluginsEndpoint(EndpointPlugin):
+    name = "plugins"
+
+    def attach_router(self, app: Any) -> None:
+        router = APIRouter()
+
+        @router.get("/v1/plugins", summary="Plugins loaded by this server's processes")
+        async def plugins(raw: Request) -> JSONResponse:
+            from host.core.plugins.manager import get_plugin_host
+
+            api = [dict(r.to_dict(), process_pid=os.getpid()) for r in get_plugin_host().list_records()]
+            processes: dict[str, Any] = {"api": {"pid": os.getpid(), "plugins": api}}
+            engine = getattr(raw.app.state, "engine", None)
+            if engine is not None and engine.is_healthy:
+                try:
+                    records = await engine.utility("plugins", timeout=10)
+                    processes["engine"] = {"pid": engine.process.pid, "plugins": records}
+                except Exception as exc:  # noqa: BLE001 - the listing still answers
+                    processes["engine"] = {"pid": engine.process.pid, "error": str(exc)}
+            return JSONResponse({"processes": processes, "time": time.time()})
+
+        app.include_router(router)
+
+    def routes(self) -> list[tuple[str, str]]:
+        return [("GET", "/v1/plugins")]

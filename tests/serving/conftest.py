@@ -1,0 +1,15 @@
+"""A real ``host serve`` subprocess on 127.0.0.1 for the serving tests (see helpers.run_server)."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import pytest
+
+from helpers import Server, run_server
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator[Server]:
+    with run_server(tmp_path_factory.mktemp("serve")) as s:
+        yield s

@@ -1,0 +1,234 @@
+"""The OpenAI-compatible server through the official ``openai`` client, against a real
+``host serve`` subprocess with SmolLM2-135M."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+
+
+def metric(server, name: str) -> float:
+    text = httpx.get(f"{server.url}/metrics").text
+    total = 0.0
+    found = False
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            total += float(line.rsplit(" ", 1)[1])
+            found = True
+    assert found, f"{name} not in /metrics"
+    return total
+
+
+def test_models_and_completion(client, server):
+    models = client.models.list()
+    assert len(models.data) == 1
+    model = models.data[0].id
+    assert model.startswith("smollm2-135m-instruct")  # the default: the model folder's name
+    out = client.completions.create(model=model, prompt="The capital of France is", max_tokens=8, temperature=0)
+    assert out.object == "text_completion" and len(out.choices) == 1
+    assert out.choices[0].text and out.choices[0].finish_reason == "length"
+    assert out.usage.completion_tokens == 8 and out.usage.prompt_tokens > 0
+    again = client.completions.create(model=model, prompt="The capital of France is", max_tokens=8, temperature=0)
+    assert again.choices[0].text == out.choices[0].text
+
+
+def test_chat_streaming_equals_non_streaming_for_a_seed(client):
+    messages = [{"role": "user", "content": "Name three fruits."}]
+    kw = dict(model=client.models.list().data[0].id, messages=messages, max_tokens=24, temperature=0.9, seed=11)
+    full = client.chat.completions.create(**kw)
+    text = full.choices[0].message.content
+    assert text and full.choices[0].message.role == "assistant"
+    pieces, finish, usage = [], None, None
+    for chunk in client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}):
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            if choice.delta.content:
+                pieces.append(choice.delta.content)
+            if choice.finish_reason:
+                finish = choice.finish_reason
+    assert "".join(pieces) == text
+    assert finish == full.choices[0].finish_reason
+    assert usage is not None and usage.completion_tokens == full.usage.completion_tokens
+
+
+def test_completion_streaming_n2_and_logprobs(client):
+    model = client.models.list().data[0].id
+    out = client.completions.create(model=model, prompt="Once upon a time", max_tokens=6, n=2, temperature=1.0, seed=5, logprobs=3)
+    assert sorted(c.index for c in out.choices) == [0, 1]
+    for c in out.choices:
+        lp = c.logprobs
+        assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 6
+        assert all(v <= 0 for v in lp.token_logprobs)
+        assert all(1 <= len(t) <= 4 for t in lp.top_logprobs)
+        assert "".join(lp.tokens) == c.text
+    texts: dict[int, str] = {0: "", 1: ""}
+    for chunk in client.completions.create(model=model, prompt="Once upon a time", max_tokens=6, n=2, temperature=1.0, seed=5, stream=True):
+        for c in chunk.choices:
+            texts[c.index] += c.text
+    assert texts == {c.index: c.text for c in out.choices}
+
+
+def test_chat_logprobs(client):
+    out = client.chat.completions.create(
+        model=client.models.list().data[0].id, messages=[{"role": "user", "content": "Say hi"}],
+        max_tokens=5, temperature=0, logprobs=True, top_logprobs=2,
+    )
+    content = out.choices[0].logprobs.content
+    assert len(content) == out.usage.completion_tokens
+    for item in content:
+        assert len(item.top_logprobs) == 2
+        assert item.top_logprobs[0].logprob >= item.top_logprobs[1].logprob
+        assert item.logprob <= item.top_logprobs[0].logprob + 1e-6  # greedy: the sampled is the best
+
+
+def test_json_schema_response_format(client):
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 20}, "population": {"type": "integer"}},
+        "required": ["city", "population"],
+        "additionalProperties": False,
+    }
+    out = client.chat.completions.create(
+        model=client.models.list().data[0].id,
+        messages=[{"role": "user", "content": "Give a city and its population as JSON."}],
+        max_tokens=60, temperature=0.7, seed=2,
+        response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": schema}},
+    )
+    jsonschema.validate(json.loads(out.choices[0].message.content), schema)
+    choice = client.chat.completions.create(
+        model=client.models.list().data[0].id, messages=[{"role": "user", "content": "Yes or no?"}],
+        max_tokens=5, extra_body={"structured_outputs": {"choice": ["yes", "no"]}},
+    )
+    assert choice.choices[0].message.content in ("yes", "no")
+
+
+def test_stop_strings_and_tools_in_the_template(client):
+    model = client.models.list().data[0].id
+    base = client.completions.create(model=model, prompt="1, 2, 3, 4,", max_tokens=12, temperature=0)
+    text = base.choices[0].text
+    m = re.search(r"\d", text[2:])
+    assert m, text
+    stop = text[2 + m.start(): 2 + m.start() + 2]
+    cut = client.completions.create(model=model, prompt="1, 2, 3, 4,", max_tokens=12, temperature=0, stop=[stop])
+    assert cut.choices[0].finish_reason == "stop" and cut.choices[0].text == text[: text.index(stop)]
+    tools = [{"type": "function", "function": {"name": "get_time", "description": "Current time", "parameters": {"type": "object", "properties": {}}}}]
+    history = [
+        {"role": "user", "content": "What time is it?"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_time", "arguments": "{not json"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "12:00"},
+    ]
+    out = client.chat.completions.create(model=model, messages=history, tools=tools, max_tokens=4)
+    assert out.choices[0].finish_reason in ("length", "stop")
+
+
+def _err(resp: httpx.Response) -> dict:
+    body = resp.json()
+    assert set(body) == {"error"} and {"message", "type", "param", "code"} <= set(body["error"]), body
+    return body["error"]
+
+
+def test_errors_are_openai_shaped_and_harmless(server):
+    url = server.url
+    r = httpx.post(f"{url}/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and _err(r)["code"] == 400
+    r = httpx.post(f"{url}/v1/completions", json={"model": "nope", "prompt": "hi"})
+    assert r.status_code == 404 and _err(r)["param"] == "model"
+    r = httpx.post(f"{url}/v1/completions", json={"prompt": "word " * 2000, "max_tokens": 4})
+    assert r.status_code == 400 and "max_model_len" in _err(r)["message"]
+    r = httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "temperature": -1})
+    assert r.status_code == 400 and "temperature" in _err(r)["message"]
+    r = httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 100000})
+    assert r.status_code == 400 and "max_tokens" in _err(r)["message"]
+    r = httpx.post(f"{url}/v1/completions", content='{"prompt": "\xff\xfe"}'.encode("latin-1"), headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    r = httpx.post(f"{url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"999999": 1}})
+    assert r.status_code == 400 and "logit_bias" in _err(r)["message"]
+    r = httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "structured_outputs": {"regex": "(bad"}})
+    assert r.status_code == 400 and "could not be compiled" in _err(r)["message"]
+    # the server still serves, and no request holds blocks
+    assert httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 2}).status_code == 200
+    assert metric(server, "host:num_requests_running") == 0
+
+
+def test_tokenize_detokenize_version_plugins_metrics(server):
+    url = server.url
+    tok = httpx.post(f"{url}/tokenize", json={"prompt": "Hello world", "add_special_tokens": False}).json()
+    assert tok["count"] == len(tok["tokens"]) > 0
+    assert httpx.post(f"{url}/detokenize", json={"tokens": tok["tokens"]}).json()["prompt"] == "Hello world"
+    chat_tok = httpx.post(f"{url}/tokenize", json={"messages": [{"role": "user", "content": "hi"}]}).json()
+    assert chat_tok["count"] > 2
+    assert httpx.get(f"{url}/version").json()["version"]
+    plugins = httpx.get(f"{url}/v1/plugins").json()["processes"]
+    assert plugins["api"]["pid"] != plugins["engine"]["pid"]
+    api_groups = {r["group"] for r in plugins["api"]["plugins"] if r["status"] == "loaded"}
+    engine_groups = {r["group"] for r in plugins["engine"]["plugins"] if r["status"] == "loaded"}
+    assert "host.endpoints" in api_groups and "host.endpoints" not in engine_groups
+    assert {"host.attention_backends", "host.executors"} <= engine_groups
+    assert "host.attention_backends" not in api_groups
+    text = httpx.get(f"{url}/metrics").text
+    for family in ("host:time_to_first_token_seconds", "host:inter_token_latency_seconds", "host:e2e_request_latency_seconds",
+                   "host:num_requests_waiting", "host:kv_cache_usage_perc", "host:prefix_cache_hit_rate", "host:request_success_total"):
+        assert family in text, family
+    assert metric(server, "host:time_to_first_token_seconds_count") > 0
+
+
+def test_sixty_four_concurrent_streams_do_not_mix(server):
+    """Each client forces its own token with a logit bias, so any mixing shows."""
+    targets = list(range(1000, 1064))  # 64 different ordinary tokens
+
+    async def one(ac: openai.AsyncOpenAI, i: int) -> tuple[int, list[str], str | None]:
+        target = targets[i % len(targets)]
+        stream = await ac.completions.create(
+            model="", prompt=f"Request {i}:", max_tokens=8, temperature=0.5, stream=True,
+            logit_bias={str(target): 100}, extra_body={"ignore_eos": True},
+        )
+        pieces, finish = [], None
+        async for chunk in stream:
+            for c in chunk.choices:
+                pieces.append(c.text)
+                finish = c.finish_reason or finish
+        return target, pieces, finish
+
+    async def main() -> list:
+        ac = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="x", timeout=120, max_retries=0)
+        try:
+            return await asyncio.wait_for(asyncio.gather(*(one(ac, i) for i in range(64))), 300)
+        finally:
+            await ac.close()
+
+    results = asyncio.run(main())
+    detok = {t: httpx.post(f"{server.url}/detokenize", json={"tokens": [t] * 8}).json()["prompt"] for t in set(r[0] for r in results)}
+    for target, pieces, finish in results:
+        assert finish == "length"
+        assert "".join(pieces) == detok[target]
+    assert metric(server, "host:num_requests_running") == 0
+    assert metric(server, "host:kv_cache_usage_perc") == 0
+
+
+def test_client_disconnect_aborts_and_frees_blocks(server):
+    with httpx.stream("POST", f"{server.url}/v1/completions", json={"prompt": "Tell a long story", "max_tokens": 900, "stream": True, "ignore_eos": True}, timeout=60) as r:
+        for i, _ in enumerate(r.iter_lines()):
+            if i > 3:
+                break
+    for _ in range(100):
+        if metric(server, "host:num_requests_running") == 0 and metric(server, "host:kv_cache_usage_perc") == 0:
+            break
+        import time
+
+        time.sleep(0.1)
+    assert metric(server, "host:num_requests_running") == 0
+    assert metric(server, "host:kv_cache_usage_perc") == 0
+    text = httpx.get(f"{server.url}/metrics").text
+    assert re.search(r'host:request_success_total\{[^}]*finished_reason="abort"[^}]*\} [1-9]', text), text

@@ -1,0 +1,103 @@
+"""Server life cycle: the engine process dying, API keys, third-party endpoint plugins, and a
+clean shutdown on SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from helpers import run_server
+
+
+def test_engine_death_fails_requests_fast_and_health_turns_503(tmp_path):
+    with run_server(tmp_path) as server:
+        engine_pid = httpx.get(f"{server.url}/v1/plugins").json()["processes"]["engine"]["pid"]
+        result: dict = {}
+
+        def long_request() -> None:
+            t0 = time.monotonic()
+            try:
+                r = httpx.post(f"{server.url}/v1/completions", json={"prompt": "Count:", "max_tokens": 900, "ignore_eos": True}, timeout=60)
+                result["status"] = r.status_code
+                result["body"] = r.json()
+            except httpx.HTTPError as exc:
+                result["error"] = repr(exc)
+            result["elapsed_after_kill"] = time.monotonic() - result.get("killed_at", t0)
+
+        def streaming_request() -> None:
+            try:
+                with httpx.stream("POST", f"{server.url}/v1/completions", json={"prompt": "Count:", "max_tokens": 900, "stream": True, "ignore_eos": True}, timeout=60) as r:
+                    result["stream_lines"] = [line for line in r.iter_lines() if line]
+            except httpx.HTTPError as exc:
+                result["stream_error"] = repr(exc)
+
+        threads = [threading.Thread(target=long_request), threading.Thread(target=streaming_request)]
+        for t in threads:
+            t.start()
+        time.sleep(2.0)  # both are generating
+        result["killed_at"] = time.monotonic()
+        os.kill(engine_pid, signal.SIGKILL)
+        for t in threads:
+            t.join(10)
+        assert not any(t.is_alive() for t in threads), "a client hung after the engine died"
+        assert result["elapsed_after_kill"] < 5.0
+        assert result["status"] == 503 and "engine" in result["body"]["error"]["message"]
+        assert any('"error"' in line for line in result["stream_lines"]) and result["stream_lines"][-1] == "data: [DONE]"
+        assert httpx.get(f"{server.url}/health").status_code == 503
+        r = httpx.post(f"{server.url}/v1/completions", json={"prompt": "hi"})
+        assert r.status_code == 503
+
+
+def test_api_key_guards_v1_but_not_health(tmp_path):
+    with run_server(tmp_path, ["--api-key", "sekret", "--served-model-name", "tiny-chat"]) as server:
+        assert httpx.get(f"{server.url}/health").status_code == 200
+        r = httpx.get(f"{server.url}/v1/models")
+        assert r.status_code == 401 and r.json()["error"]["type"] == "AuthenticationError"
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=f"{server.url}/v1", api_key="wrong", max_retries=0).models.list()
+        good = openai.OpenAI(base_url=f"{server.url}/v1", api_key="sekret")
+        assert [m.id for m in good.models.list().data] == ["tiny-chat"]
+        out = good.completions.create(model="tiny-chat", prompt="Hi", max_tokens=2)
+        assert out.model == "tiny-chat"
+        # start-up summary
+        log = server.log()
+        assert "platform: cpu" in log and "attention backend: cpu_paged" in log
+        assert "plugins (engine process" in log and "API key required" in log
+
+
+def test_third_party_endpoint_needs_the_allowlist(tmp_path, fixture_sites):
+    site = [fixture_sites["endpoint"]]
+    with run_server(tmp_path, sites=site) as server:
+        assert httpx.get(f"{server.url}/fixture/hello").status_code == 404
+        log = server.log()
+        assert "fixture_hello" in log and "--plugins fixture_hello" in log  # the warning says how
+    with run_server(tmp_path, ["--plugins", "fixture_hello"], sites=site) as server:
+        assert httpx.get(f"{server.url}/fixture/hello").json() == {"hello": "from a plugin"}
+        assert httpx.post(f"{server.url}/fixture/embed").status_code == 404
+        log = server.log()
+        assert "'fixture_embed_only' skipped" in log and "embed" in log
+        # the built-in API still works next to it
+        assert httpx.post(f"{server.url}/v1/completions", json={"prompt": "hi", "max_tokens": 2}).status_code == 200
+
+
+def test_sigterm_stops_the_engine_process(tmp_path):
+    with run_server(tmp_path) as server:
+        engine_pid = httpx.get(f"{server.url}/v1/plugins").json()["processes"]["engine"]["pid"]
+        server.proc.send_signal(signal.SIGTERM)
+        # uvicorn shuts down gracefully, then re-raises the signal it caught
+        assert server.proc.wait(30) in (0, -signal.SIGTERM)
+        assert "Application shutdown complete" in server.log()
+        for _ in range(50):
+            try:
+                os.kill(engine_pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("the engine process outlived the server")
