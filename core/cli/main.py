@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from host import __version__
+from host.core.cli.bench_cmd import bench_app
 from host.core.cli.generate_cmd import chat_cmd, generate_cmd
 from host.core.cli.plugins_cmd import platform_cmd, plugins_app
 from host.core.cli.serve_cmd import serve_cmd
@@ -16,6 +17,7 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(plugins_app, name="plugins")
+app.add_typer(bench_app, name="bench")
 app.command("platform")(platform_cmd)
 app.command("generate")(generate_cmd)
 app.command("chat")(chat_cmd)

@@ -232,3 +232,25 @@ def test_client_disconnect_aborts_and_frees_blocks(server):
     assert metric(server, "host:kv_cache_usage_perc") == 0
     text = httpx.get(f"{server.url}/metrics").text
     assert re.search(r'host:request_success_total\{[^}]*finished_reason="abort"[^}]*\} [1-9]', text), text
+
+
+def test_bench_serve_reports_latency_and_throughput(server, tmp_path):
+    import subprocess
+
+    from helpers import HOST_BIN
+
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [HOST_BIN, "bench", "serve", "--base-url", server.url, "--num-prompts", "6", "--input-len", "12",
+         "--output-len", "5", "--concurrency", "3", "--ignore-eos", "--result-file", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    assert report["completed"] == 6 and report["failed"] == 0
+    assert report["output_tokens"] == 30
+    assert report["output_tokens_per_s"] > 0 and report["request_throughput"] > 0
+    for key in ("ttft_s", "itl_s", "tpot_s", "e2e_s"):
+        assert set(report[key]) == {"mean", "p50", "p90", "p99"}
+        assert report[key]["p50"] <= report[key]["p99"]
+    assert "TTFT" in proc.stdout and "tok/s" in proc.stdout
