@@ -48,6 +48,7 @@ def run_host(model: str | None, prompts: list[list[int]], output_len: int, max_n
     # sampled run: same prompts, temperature 0.8 / top-p 0.95 / top-k 50; the sampler's share
     # of step time is measured on decode steps with the whole batch running
     runner = llm.engine.executor.worker.model_runner
+    llm.engine.scheduler.reset_prefix_cache()  # same prompts: do not let them hit the cache
     runner.step_timings = []
     sampled_params = SamplingParams(max_tokens=output_len, temperature=0.8, top_p=0.95, top_k=50, seed=0, ignore_eos=True)
     t0 = time.perf_counter()

@@ -54,7 +54,12 @@ class PackedLinear(nn.Module):
         self.register_buffer("bias", None if bias is None else bias.detach().clone(), persistent=False)
         self.small_m_kernel = small_m_kernel if small_m_rows > 0 else None
         self.small_m_rows = small_m_rows
-        plain = weight.detach().contiguous() if self.small_m_kernel is not None else None
+        plain = None
+        if self.small_m_kernel is not None:
+            from host.plugins.builtin_cpu.kernels import block_weight
+
+            plain = block_weight(weight.detach())
+        # the weight in the small-batch kernel's layout ([N/4, K/8, 4, 8] blocks when it divides)
         self.register_buffer("plain_weight", plain, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from host.core.models.layers import apply_rotary
-from host.plugins.builtin_cpu.kernels import cpu_kernels
+from host.plugins.builtin_cpu.kernels import block_weight, cpu_kernels
 
 
 @pytest.fixture(scope="module")
@@ -18,7 +18,7 @@ def k():
 
 
 @pytest.mark.parametrize("m", [1, 3, 8])
-@pytest.mark.parametrize("n,kdim", [(64, 32), (70, 40), (5, 13), (1, 8)])
+@pytest.mark.parametrize("n,kdim", [(64, 32), (70, 40), (5, 13), (1, 8), (12, 48)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_linear_small_m(k, m, n, kdim, bias):
     gen = torch.Generator().manual_seed(m * 100 + n)
@@ -26,6 +26,9 @@ def test_linear_small_m(k, m, n, kdim, bias):
     w = torch.randn(n, kdim, generator=gen)
     b = torch.randn(n, generator=gen) if bias else None
     torch.testing.assert_close(k.linear_small_m(x, w, b), F.linear(x, w, b), atol=1e-4, rtol=1e-4)
+    blocked = block_weight(w)
+    assert blocked.dim() == (4 if n % 4 == 0 and kdim % 8 == 0 else 2)
+    torch.testing.assert_close(k.linear_small_m(x, blocked, b), F.linear(x, w, b), atol=1e-4, rtol=1e-4)
     # rows of x at a stride (a slice of a wider activation)
     wide = torch.randn(m, kdim + 5, generator=gen)
     torch.testing.assert_close(k.linear_small_m(wide[:, :kdim], w, b), F.linear(wide[:, :kdim], w, b), atol=1e-4, rtol=1e-4)

@@ -284,3 +284,20 @@ def test_compiled_decode_kernel_and_torch_path_both_match_dense(window) -> None:
     impl._decode_kernel = None
     out_torch = impl.forward(batch.query, batch.key, batch.value, batch.kv_cache.clone(), md)
     torch.testing.assert_close(out_torch.double(), ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("window", [None, 300])
+def test_compiled_decode_kernel_splits_long_sequences(window) -> None:
+    """Batch-1 style decode (few request x KV-head pairs) splits long sequences into spans
+    computed in parallel and merged; the result must still be the dense attention."""
+    from host.plugins.builtin_cpu.kernels import paged_decode_kernel
+
+    kernel = paged_decode_kernel()
+    assert kernel is not None
+    batch = make_batch([(700, 1)], 16)
+    ref = dense_reference(batch, 1 / math.sqrt(HEAD_SIZE), sliding_window=window)
+    md = CpuPagedAttentionMetadataBuilder(CpuPagedAttentionBackend, "cpu").build(batch.common)
+    impl = CpuPagedAttentionBackend.get_impl_cls()(HEADS, HEAD_SIZE, 1 / math.sqrt(HEAD_SIZE), KV_HEADS, window)
+    impl._decode_kernel = kernel
+    out = impl.forward(batch.query, batch.key, batch.value, batch.kv_cache.clone(), md)
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
