@@ -1,0 +1,126 @@
+"""``triton_paged``: paged attention in Triton for mixed prefill / decode batches.
+
+One kernel launch per layer writes the new K/V through the slot mapping
+(:func:`reshape_and_cache`), a second attends every query token over its request's pages
+(:func:`paged_attention`: varlen prompts, chunks after prefix-cache hits and single decode tokens
+in one grid). A batch of decodes only whose longest sequence exceeds ``SPLIT_DECODE_MIN_LEN``
+uses the split-K decode kernel instead, so a few long sequences still fill the GPU.
+
+The backend runs on CUDA devices (and ROCm, whose torch reports ``cuda`` devices). Under
+``TRITON_INTERPRET=1`` it also accepts CPU tensors, which is how the engine-level tests run it
+without a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from host.sdk.attention import (
+    AttentionBackend,
+    AttentionImpl,
+    AttentionMetadataBuilder,
+    CommonAttentionMetadata,
+    MultipleOf,
+)
+
+SPLIT_DECODE_MIN_LEN = 512
+
+
+@dataclass
+class TritonAttentionMetadata:
+    num_actual_tokens: int
+    num_reqs: int
+    max_query_len: int
+    max_seq_len: int
+    query_start_loc: torch.Tensor  # int32 [num_reqs + 1]
+    seq_lens: torch.Tensor  # int32 [num_reqs]
+    block_table: torch.Tensor  # int32 [num_reqs, max_blocks]
+    slot_mapping: torch.Tensor  # int64 [num_tokens]
+    causal: bool = True
+
+
+class TritonAttentionMetadataBuilder(AttentionMetadataBuilder):
+    def build(self, common: CommonAttentionMetadata) -> TritonAttentionMetadata:
+        if not common.causal:
+            raise ValueError("triton_paged implements causal (decoder) attention only")
+        dev = common.query_start_loc.device
+        return TritonAttentionMetadata(
+            num_actual_tokens=common.num_actual_tokens,
+            num_reqs=common.num_reqs,
+            max_query_len=common.max_query_len,
+            max_seq_len=common.max_seq_len,
+            query_start_loc=common.query_start_loc[: common.num_reqs + 1].to(dev, torch.int32),
+            seq_lens=common.seq_lens[: common.num_reqs].to(dev, torch.int32),
+            block_table=common.block_table[: common.num_reqs].to(dev, torch.int32).contiguous(),
+            slot_mapping=common.slot_mapping[: common.num_actual_tokens].to(dev, torch.int64),
+        )
+
+
+class TritonPagedAttentionImpl(AttentionImpl):
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: TritonAttentionMetadata | None,
+        output: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        from host.plugins.builtin_cuda import triton_kernels as tk
+
+        num_tokens = query.shape[0]
+        if output is None:
+            output = torch.empty_like(query)
+        if attn_metadata is None:
+            return output.zero_()
+        md = attn_metadata
+        n = md.num_actual_tokens
+        if num_tokens > n:
+            output[n:].zero_()
+        k_cache, v_cache = kv_cache[0], kv_cache[1]
+        tk.reshape_and_cache(key[:n], value[:n], k_cache, v_cache, md.slot_mapping)
+        q = query[:n]
+        if md.max_query_len == 1 and md.max_seq_len >= SPLIT_DECODE_MIN_LEN:
+            tk.paged_decode_split(
+                q, k_cache, v_cache, md.block_table, md.seq_lens, self.scale, self.sliding_window,
+                max_seq_len=md.max_seq_len, out=output[:n],
+            )
+        else:
+            tk.paged_attention(
+                q, k_cache, v_cache, md.block_table, md.query_start_loc, md.seq_lens,
+                md.max_query_len, self.scale, self.sliding_window, out=output[:n],
+            )
+        return output
+
+
+class TritonPagedAttentionBackend(AttentionBackend):
+    """Paged attention in Triton: any block size, sliding windows, prefix caching, mixed
+    batches, GQA/MQA, float32 / bfloat16 / float16 (KV cache in the model dtype)."""
+
+    name: ClassVar[str] = "triton_paged"
+    device_types: ClassVar[tuple[str, ...]] = ("cuda",)
+    supported_dtypes: ClassVar[tuple[str, ...]] = ("float32", "bfloat16", "float16")
+    supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = ("auto",)
+    supported_head_sizes: ClassVar[tuple[int, ...] | None] = None
+    block_size_constraint: ClassVar[MultipleOf] = MultipleOf(1)
+    supports_sliding_window: ClassVar[bool] = True
+    supports_prefix_caching: ClassVar[bool] = True
+    supports_mixed_batches: ClassVar[bool] = True
+
+    @classmethod
+    def supports_combination(cls, req: Any) -> str | None:
+        if req.device_type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") == "1":
+            req = type(req)(**{**req.__dict__, "device_type": "cuda"})  # interpreter: CPU tensors
+        return super().supports_combination(req)
+
+    @classmethod
+    def get_impl_cls(cls) -> type[AttentionImpl]:
+        return TritonPagedAttentionImpl
+
+    @classmethod
+    def get_builder_cls(cls) -> type[AttentionMetadataBuilder]:
+        return TritonAttentionMetadataBuilder
