@@ -416,7 +416,7 @@ class CpuPagedAttentionImpl(AttentionImpl):
         n, mq, heads, hd = g.num_reqs, g.max_query_len, self.num_heads, self.head_size
         kv_heads, bs = kv_cache.shape[-2], kv_cache.shape[2]
         rep = heads // kv_heads
-        if mq == 1 and g.causal and self._decode_kernel is not None and kv_cache.dtype == torch.float32:
+        if mq == 1 and g.causal and self._decode_kernel is not None and kv_cache.dtype == torch.float32 and kv_cache.device.type == "cpu":
             self._attend_decode_kernel(g, query, kv_cache, md, output)
             return
 
@@ -497,3 +497,25 @@ class CpuPagedAttentionBackend(AttentionBackend):
     @classmethod
     def get_builder_cls(cls) -> type[AttentionMetadataBuilder]:
         return CpuPagedAttentionMetadataBuilder
+
+
+class TorchPagedAttentionImpl(CpuPagedAttentionImpl):
+    """The same algorithm in torch ops only (no compiled CPU kernel): runs on any device."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        AttentionImpl.__init__(self, *args, **kwargs)
+        self._decode_kernel = None
+
+
+class TorchPagedAttentionBackend(CpuPagedAttentionBackend):
+    """``torch_paged``: the paged backend in plain torch (gathered pages + SDPA), for any
+    device — the fallback a GPU platform lists after its kernels, for shapes they refuse."""
+
+    name: ClassVar[str] = "torch_paged"
+    device_types: ClassVar[tuple[str, ...]] = ("cuda", "cpu")
+    supported_dtypes: ClassVar[tuple[str, ...]] = ("float32", "bfloat16", "float16")
+
+    @classmethod
+    def get_impl_cls(cls) -> type[AttentionImpl]:
+        return TorchPagedAttentionImpl
+

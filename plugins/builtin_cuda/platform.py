@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from host.sdk.platform import Platform, PlatformEnum
+
+logger = logging.getLogger("host.cuda")
 
 
 class CudaPlatform(Platform):
@@ -30,6 +33,37 @@ class CudaPlatform(Platform):
         if getattr(torch.version, "hip", None):
             return False
         return bool(torch.cuda.is_available())
+
+    # what each -O level turns on (explicit flags override a level's defaults)
+    OPTIMIZATION_LEVELS = {
+        0: "eager torch ops",
+        1: "Triton kernels (attention, norms, rotary, SiLU-and-mul)",
+        2: "Triton kernels",
+        3: "Triton kernels",
+    }
+
+    def check_and_update_config(self, config: Any) -> None:
+        import torch
+
+        dtype = str(getattr(config, "dtype", "auto")).replace("torch.", "")
+        if dtype not in ("auto", *self.supported_dtypes):
+            raise ValueError(
+                f"dtype {dtype!r} is not supported on CUDA; use one of {', '.join(self.supported_dtypes)}"
+            )
+        if dtype == "bfloat16" and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
+            raise ValueError(
+                "this GPU has no bfloat16 support (compute capability < 8.0); use --dtype float16"
+            )
+        level = getattr(config, "optimization_level", 2)
+        logger.info("CUDA optimization level -O%d: %s", level, self.OPTIMIZATION_LEVELS.get(level, "?"))
+
+    def prepare_model(self, model: Any, config: Any) -> None:
+        """At ``-O1`` and above, the model's norms, rotary embedding and SiLU-and-mul run as
+        Triton custom ops (``host::*``, traceable by torch.compile)."""
+        if getattr(config, "optimization_level", 2) >= 1:
+            from host.plugins.builtin_cuda.custom_ops import attach_triton_ops
+
+            attach_triton_ops(model)
 
     def get_device_total_memory(self, device_id: int = 0) -> int:
         import torch

@@ -156,3 +156,45 @@ def test_engine_with_triton_backend_matches_transformers(tmp_path, arch):
                                min_new_tokens=6, do_sample=False, eos_token_id=None, pad_token_id=0)
         assert o.outputs[0].token_ids == want[0, len(p):].tolist()
     assert llm.engine.kv_cache_manager.prefix_cache_stats.hits > 0
+
+
+def test_custom_ops_pass_opcheck_and_trace():
+    """Each op's schema, fake implementation and mutation declarations are right
+    (``torch.library.opcheck``), so torch.compile can trace a model that uses them."""
+    from host.plugins.builtin_cuda import custom_ops  # noqa: F401 - registers the ops
+
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(3, 32, generator=gen).to(DEV)
+    w = torch.rand(32, generator=gen).to(DEV) + 0.5
+    torch.library.opcheck(torch.ops.host.rms_norm.default, (x, w, 1e-6))
+    torch.library.opcheck(torch.ops.host.fused_add_rms_norm.default, (x, x.clone() * 0.5, w, 1e-6))
+    torch.library.opcheck(torch.ops.host.silu_and_mul.default, (torch.randn(3, 16, generator=gen).to(DEV),))
+    cache = torch.randn(10, 8, generator=gen).to(DEV)
+    torch.library.opcheck(torch.ops.host.rotary_neox.default, (torch.randn(2, 3, 8, generator=gen).to(DEV), torch.tensor([1, 4], device=DEV), cache))
+    q, kc, vc, table, qsl, seq = make_paged([9, 4], [2, 4], 4, 2, 16, 4, seed=9)
+    torch.library.opcheck(torch.ops.host.paged_attention.default, (q, kc, vc, table, qsl, seq, 4, 0.25, 0))
+    key = torch.randn(2, 2, 16, generator=gen).to(DEV)
+    torch.library.opcheck(torch.ops.host.reshape_and_cache.default, (key, key.clone(), kc.clone(), vc.clone(), torch.tensor([0, 5], device=DEV)))
+
+
+def test_attached_ops_give_the_model_s_own_outputs():
+    import transformers
+
+    from host.core.models.llama import Qwen3ForCausalLM
+    from host.plugins.builtin_cuda.custom_ops import attach_triton_ops
+
+    config = transformers.Qwen3Config(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, head_dim=16, vocab_size=200, max_position_embeddings=64)
+    torch.manual_seed(3)
+    plain = Qwen3ForCausalLM(config).eval()
+    for p in plain.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    fast = Qwen3ForCausalLM(config).eval()
+    fast.load_state_dict(plain.state_dict())
+    assert attach_triton_ops(fast) == 2 * 4 + 1 + 1 + 2  # 4 norms per layer (incl. q/k), final norm, rotary, 2 activations
+    ids = torch.tensor([5, 9, 13, 2, 7, 100])
+    pos = torch.arange(6)
+    with torch.inference_mode():
+        want = plain.compute_logits(plain(ids, pos))
+        got = fast.compute_logits(fast(ids, pos))
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)

@@ -1,0 +1,55 @@
+"""The CUDA platform's configuration and wiring, with torch's CUDA checks monkeypatched (CI has
+no GPU). Detection and device-id namespaces are covered in test_platforms.py."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from host.plugins.builtin_cuda.platform import CudaPlatform
+from host.sdk.attention import AttentionRequirements
+
+
+def test_dtype_checks(monkeypatch):
+    p = CudaPlatform()
+    with pytest.raises(ValueError, match="float64.*not supported on CUDA"):
+        p.check_and_update_config(SimpleNamespace(dtype="float64", optimization_level=2))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    with pytest.raises(ValueError, match="--dtype float16"):
+        p.check_and_update_config(SimpleNamespace(dtype="bfloat16", optimization_level=2))
+    p.check_and_update_config(SimpleNamespace(dtype="float16", optimization_level=2))
+
+
+def test_backend_capabilities(monkeypatch):
+    from host.plugins.builtin_cpu.attention import TorchPagedAttentionBackend
+    from host.plugins.builtin_cuda.attention import TritonPagedAttentionBackend
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    req = AttentionRequirements("cuda", "bfloat16", 128, 16, sliding_window=4096)
+    assert TritonPagedAttentionBackend.supports_combination(req) is None
+    assert TorchPagedAttentionBackend.supports_combination(req) is None
+    cpu = AttentionRequirements("cpu", "float32", 64, 16)
+    assert "device type" in TritonPagedAttentionBackend.supports_combination(cpu)
+    fp8 = AttentionRequirements("cuda", "bfloat16", 64, 16, kv_cache_dtype="fp8")
+    assert "kv cache dtype" in TritonPagedAttentionBackend.supports_combination(fp8)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the interpreter runs it on CPU tensors
+    assert TritonPagedAttentionBackend.supports_combination(cpu) is None
+    assert CudaPlatform.attention_backend_priority == ["triton_paged", "torch_paged"]
+
+
+def test_prepare_model_attaches_triton_ops_above_O0():
+    import transformers
+
+    from host.core.models.llama import LlamaForCausalLM
+
+    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                      num_key_value_heads=1, vocab_size=50, max_position_embeddings=32)
+    eager, fast = LlamaForCausalLM(config), LlamaForCausalLM(config)
+    CudaPlatform().prepare_model(eager, SimpleNamespace(optimization_level=0))
+    CudaPlatform().prepare_model(fast, SimpleNamespace(optimization_level=1))
+    assert eager.model.norm.kernel is None
+    assert fast.model.norm.kernel is not None and fast.model.rotary_emb.kernel is not None
+    assert torch.bfloat16 in fast.model.norm.kernel_dtypes
