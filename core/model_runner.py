@@ -153,6 +153,8 @@ class ModelRunner:
         self.kv_buffer: torch.Tensor | None = None
         self.input_batch: InputBatch | None = None
         self.sampler = Sampler()
+        self._forward: Any = None  # the model, or its compiled forward (-O3)
+        self._attention_layers: dict[int, Any] = {}
         # set to a list to record a StepTiming per step (benchmarks read it)
         self.step_timings: list[StepTiming] | None = None
         self._attn_builder: Any = None
@@ -172,12 +174,29 @@ class ModelRunner:
         self.model.eval()
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         self.platform.prepare_model(self.model, self.config)
+        self._maybe_compile()
         logger.info(
             "Loaded %s (%s) with attention backend %s",
             self.config.model.architecture,
             self.config.model.dtype,
             self.attn_backend.name,
         )
+
+    def _maybe_compile(self) -> None:
+        """``-O3``: compile the model's forward with ``torch.compile`` (the platform's backend,
+        dynamic token count). Attention becomes the opaque ``host::attention`` op, so the graph
+        runs from the embedding to the final norm with attention calls in between."""
+        from host.core.models.attention_layer import Attention
+
+        self._attention_layers = {m.layer_idx: m for m in self.model.modules() if isinstance(m, Attention)}
+        self._forward = self.model
+        if getattr(self.config, "optimization_level", 2) < 3:
+            return
+        for layer in self._attention_layers.values():
+            layer.opaque = True
+        backend = getattr(self.platform, "simple_compile_backend", "inductor")
+        self._forward = torch.compile(self.model, backend=backend, dynamic=True)
+        logger.info("-O3: model forward compiled with torch.compile (backend %s, dynamic shapes)", backend)
 
     @property
     def num_layers(self) -> int:
@@ -313,8 +332,8 @@ class ModelRunner:
             # one builder for the runner's life, so its scratch buffers carry over between steps
             self._attn_builder = self.attn_backend.get_builder_cls()(self.attn_backend, self.device)
         attn_metadata = self._attn_builder.build(common)
-        with set_forward_context(ForwardContext(attn_metadata, self.kv_caches)):
-            hidden = self.model(input_ids, positions)
+        with set_forward_context(ForwardContext(attn_metadata, self.kv_caches, {"attention_layers": self._attention_layers})):
+            hidden = (self._forward if self._forward is not None else self.model)(input_ids, positions)
         logits_indices = torch.from_numpy(np.cumsum(num_scheduled) - 1).to(self.device)
         logits = self.model.compute_logits(hidden[logits_indices])
         num_reqs = batch.num_reqs

@@ -16,6 +16,31 @@ from host.core.forward_context import get_forward_context
 from host.sdk.attention import AttentionBackend
 
 
+@torch.library.custom_op("host::attention", mutates_args=("output",))
+def attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, output: torch.Tensor, layer_idx: int) -> None:
+    """Layer ``layer_idx``'s paged attention as one opaque op, for compiled models: the KV-cache
+    write and the attention run in the backend, reading the forward context at run time, so
+    ``torch.compile`` traces the rest of the model around it (piecewise around attention)."""
+    ctx = get_forward_context()
+    if ctx is None:
+        raise RuntimeError("host::attention runs only inside the model runner (no forward context)")
+    layer = ctx.extra["attention_layers"][layer_idx]
+    n = query.shape[0]
+    out = layer.impl.forward(
+        query.view(n, layer.num_heads, layer.head_size),
+        key.view(n, layer.num_kv_heads, layer.head_size),
+        value.view(n, layer.num_kv_heads, layer.head_size),
+        ctx.kv_caches[layer_idx],
+        ctx.attn_metadata,
+    )
+    output.copy_(out.reshape(output.shape))
+
+
+@attention_op.register_fake
+def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, output: torch.Tensor, layer_idx: int) -> None:
+    return None
+
+
 class Attention(nn.Module):
     """Multi-head / grouped-query attention over the paged KV cache of layer ``layer_idx``."""
 
@@ -46,10 +71,18 @@ class Attention(nn.Module):
             else None
         )
 
+    # set by the model runner when the model is compiled: attention then goes through the
+    # opaque ``host::attention`` op (always inside a forward context)
+    opaque: bool = False
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """``q``: [num_tokens, num_heads * head_size]; ``k``/``v``: [num_tokens, num_kv_heads *
         head_size]. Returns [num_tokens, num_heads * head_size]."""
         n = q.shape[0]
+        if self.opaque:
+            output = torch.empty(n, self.num_heads * self.head_size, dtype=q.dtype, device=q.device)
+            torch.ops.host.attention(q.contiguous(), k.contiguous(), v.contiguous(), output, self.layer_idx)
+            return output
         q = q.view(n, self.num_heads, self.head_size)
         k = k.view(n, self.num_kv_heads, self.head_size)
         v = v.view(n, self.num_kv_heads, self.head_size)

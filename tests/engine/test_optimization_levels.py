@@ -1,0 +1,52 @@
+"""``-O`` levels on the CPU platform, each against transformers' greedy tokens: -O0 (eager
+torch), -O2 (the default: hand-written kernels) and -O3 (``torch.compile`` with attention as the
+opaque ``host::attention`` op)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import transformers
+
+from host import LLM, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=300, max_position_embeddings=128, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    hf = transformers.LlamaForCausalLM(config).eval()
+    path = tmp_path_factory.mktemp("tiny-o")
+    hf.save_pretrained(path)
+    return str(path), hf
+
+
+@pytest.mark.parametrize("level", [0, 2, 3])
+def test_levels_match_transformers(tiny, level):
+    path, hf = tiny
+    llm = LLM(path, skip_tokenizer_init=True, max_model_len=128, optimization_level=level, max_num_batched_tokens=16, max_num_seqs=4)
+    runner = llm.engine.executor.worker.model_runner
+    model = runner.model
+    if level == 0:
+        assert model.model.norm.kernel is None and model.model.decode_kernel is None
+    elif level == 2:
+        assert model.model.norm.kernel is not None and model.model.decode_kernel is not None
+    else:
+        assert runner._forward is not model, "-O3 compiles the forward"
+        assert all(layer.opaque for layer in runner._attention_layers.values())
+    rng = random.Random(1)
+    prompts = [[rng.randrange(3, 300) for _ in range(n)] for n in (5, 19, 1, 9)]
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
+    for p, o in zip(prompts, outs):
+        with torch.inference_mode():
+            want = hf.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long), max_new_tokens=6,
+                               min_new_tokens=6, do_sample=False, eos_token_id=None, pad_token_id=0)
+        assert o.outputs[0].token_ids == want[0, len(p):].tolist()
+
+
+def test_bad_level_is_refused():
+    with pytest.raises(ValueError, match="optimization_level=5"):
+        LLM(skip_tokenizer_init=True, optimization_level=5)
