@@ -79,6 +79,17 @@ def _chat_logprobs(comp: Any, start: int, end: int, top: int, tokenizer: Any) ->
     return {"content": content}
 
 
+def _prompt_logprobs(result: Any) -> list[Any] | None:
+    """vLLM's shape: one entry per prompt token (``None`` for the first), each
+    ``{token_id: {"logprob", "rank", "decoded_token"}}`` with string keys (JSON)."""
+    if result.prompt_logprobs is None:
+        return None
+    return [
+        None if pos is None else {str(t): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": lp.decoded_token} for t, lp in pos.items()}
+        for pos in result.prompt_logprobs
+    ]
+
+
 def _params(body: Any, max_tokens: int | None, logprobs: int | None, default_max: int) -> Any:
     try:
         return body.sampling_params(max_tokens, logprobs, default_max)
@@ -144,13 +155,16 @@ async def create_completion(body: CompletionRequest, raw: Request) -> Any:
     results = await asyncio.gather(*(run_to_end(raw, g) for g in gens))
     choices = []
     for index, comp in sorted(_merge(results, params.n), key=lambda x: x[0]):
-        choices.append({
+        choice = {
             "index": index,
             "text": comp.text,
             "logprobs": _completion_logprobs(comp, 0, len(comp.token_ids), 0, tokenizer),
             "finish_reason": comp.finish_reason,
             "stop_reason": comp.stop_reason,
-        })
+        }
+        if params.prompt_logprobs is not None:
+            choice["prompt_logprobs"] = _prompt_logprobs(results[index // params.n])
+        choices.append(choice)
     return JSONResponse({
         "id": request_id, "object": "text_completion", "created": created, "model": model,
         "choices": choices, "usage": _usage(results),

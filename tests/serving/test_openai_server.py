@@ -254,3 +254,15 @@ def test_bench_serve_reports_latency_and_throughput(server, tmp_path):
         assert set(report[key]) == {"mean", "p50", "p90", "p99"}
         assert report[key]["p50"] <= report[key]["p99"]
     assert "TTFT" in proc.stdout and "tok/s" in proc.stdout
+
+
+def test_prompt_logprobs_in_completions(server):
+    r = httpx.post(f"{server.url}/v1/completions", json={"prompt": "The cat sat on the", "max_tokens": 2, "prompt_logprobs": 2, "temperature": 0})
+    assert r.status_code == 200
+    choice = r.json()["choices"][0]
+    tokens = httpx.post(f"{server.url}/tokenize", json={"prompt": "The cat sat on the"}).json()["tokens"]
+    plp = choice["prompt_logprobs"]
+    assert len(plp) == len(tokens) and plp[0] is None
+    for tok, pos in zip(tokens[1:], plp[1:]):
+        assert str(tok) in pos and 2 <= len(pos) <= 3
+        assert pos[str(tok)]["logprob"] <= 0 and pos[str(tok)]["rank"] >= 1
