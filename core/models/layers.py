@@ -275,3 +275,33 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     if x_pass.shape[-1] == 0:
         return out
     return torch.cat([out, x_pass], dim=-1)
+
+
+def set_layer_kernels(
+    model: nn.Module,
+    *,
+    rms_norm: Callable[..., Any] | None = None,
+    silu_and_mul: Callable[..., Any] | None = None,
+    rotary: Callable[..., Any] | None = None,
+    dtypes: tuple[torch.dtype, ...] = (torch.float32,),
+) -> int:
+    """Give every :class:`RMSNorm`, :class:`SiluAndMul` and :class:`RotaryEmbedding` of
+    ``model`` a platform kernel (each with the contract of that layer's ``kernel`` attribute),
+    used for ``dtypes``. Returns how many modules got one."""
+    count = 0
+    for module in model.modules():
+        if isinstance(module, RMSNorm):
+            kernel = rms_norm
+        elif isinstance(module, SiluAndMul):
+            kernel = silu_and_mul
+        elif isinstance(module, RotaryEmbedding):
+            kernel = rotary
+        else:
+            continue
+        if kernel is None:
+            continue
+        module.kernel = kernel
+        module.kernel_dtypes = dtypes
+        count += 1
+    return count
+

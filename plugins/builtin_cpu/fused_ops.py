@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from host.core.models.layers import RMSNorm, RotaryEmbedding, SiluAndMul
+from host.core.models.layers import set_layer_kernels
 
 logger = logging.getLogger("host.cpu")
 
@@ -53,19 +53,10 @@ def rotary_kernel(kernels: Any) -> Callable[..., None]:
 
 
 def attach_fused_ops(model: nn.Module, kernels: Any) -> int:
-    """Give every RMSNorm, RotaryEmbedding and SiluAndMul of ``model`` its compiled kernel.
-    Returns how many modules got one."""
-    norm, act, rope = rms_norm_kernel(kernels), silu_and_mul_kernel(kernels), rotary_kernel(kernels)
-    count = 0
-    for module in model.modules():
-        if isinstance(module, RMSNorm):
-            module.kernel = norm
-        elif isinstance(module, SiluAndMul):
-            module.kernel = act
-        elif isinstance(module, RotaryEmbedding):
-            module.kernel = rope
-        else:
-            continue
-        count += 1
+    """Give every RMSNorm, RotaryEmbedding and SiluAndMul of ``model`` its compiled kernel
+    (float32). Returns how many modules got one."""
+    count = set_layer_kernels(
+        model, rms_norm=rms_norm_kernel(kernels), silu_and_mul=silu_and_mul_kernel(kernels), rotary=rotary_kernel(kernels)
+    )
     logger.info("Attached CPU kernels to %d norm / activation / rotary modules", count)
     return count

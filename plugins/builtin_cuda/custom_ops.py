@@ -107,20 +107,11 @@ def _silu_kernel(x: torch.Tensor) -> torch.Tensor:
 def attach_triton_ops(model: nn.Module) -> int:
     """Give every RMSNorm, RotaryEmbedding and SiluAndMul of ``model`` its Triton op (all
     dtypes). Returns how many modules got one."""
-    from host.core.models.layers import RMSNorm, RotaryEmbedding, SiluAndMul
+    from host.core.models.layers import set_layer_kernels
 
-    dtypes = (torch.float32, torch.bfloat16, torch.float16)
-    count = 0
-    for module in model.modules():
-        if isinstance(module, RMSNorm):
-            module.kernel = _norm_kernel
-        elif isinstance(module, SiluAndMul):
-            module.kernel = _silu_kernel
-        elif isinstance(module, RotaryEmbedding):
-            module.kernel = _rotary_kernel
-        else:
-            continue
-        module.kernel_dtypes = dtypes
-        count += 1
+    count = set_layer_kernels(
+        model, rms_norm=_norm_kernel, silu_and_mul=_silu_kernel, rotary=_rotary_kernel,
+        dtypes=(torch.float32, torch.bfloat16, torch.float16),
+    )
     logger.info("Attached Triton ops to %d norm / activation / rotary modules", count)
     return count
