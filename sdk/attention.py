@@ -104,6 +104,24 @@ class AttentionImpl:
         """
         raise NotImplementedError
 
+    def prepare_output(
+        self, query: "torch.Tensor", attn_metadata: Any, output: "torch.Tensor | None"
+    ) -> tuple["torch.Tensor", int | None]:
+        """The common prologue of ``forward``: the output buffer (allocated like ``query`` when
+        not given) and the number of real tokens, with rows past them (padding) zeroed. For a
+        profiling run (``attn_metadata is None``) the whole output is zeroed and ``None`` is
+        returned as the count: nothing else to do."""
+        import torch
+
+        if output is None:
+            output = torch.empty(query.shape[0], self.num_heads, self.head_size, dtype=query.dtype, device=query.device)
+        if attn_metadata is None:
+            return output.zero_(), None
+        n = attn_metadata.num_actual_tokens
+        if query.shape[0] > n:
+            output[n:].zero_()
+        return output, n
+
 
 class AttentionMetadataBuilder:
     """Turns :class:`CommonAttentionMetadata` into the backend's own metadata object."""

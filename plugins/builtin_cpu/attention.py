@@ -353,15 +353,10 @@ class CpuPagedAttentionImpl(AttentionImpl):
         attn_metadata: CpuPagedAttentionMetadata | None,
         output: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        num_tokens = query.shape[0]
-        if output is None:
-            output = torch.empty(num_tokens, self.num_heads, self.head_size, dtype=query.dtype, device=query.device)
-        if attn_metadata is None:
-            return output.zero_()
+        output, n = self.prepare_output(query, attn_metadata, output)
+        if n is None:
+            return output
         md = attn_metadata
-        n = md.num_actual_tokens
-        if num_tokens > n:
-            output[n:].zero_()
         self._write_kv(key[:n], value[:n], kv_cache, md)
         for group in md.groups:
             self._attend(group, query, kv_cache, md, output)

@@ -72,15 +72,10 @@ class TritonPagedAttentionImpl(AttentionImpl):
     ) -> torch.Tensor:
         from host.plugins.builtin_cuda import triton_kernels as tk
 
-        num_tokens = query.shape[0]
-        if output is None:
-            output = torch.empty_like(query)
-        if attn_metadata is None:
-            return output.zero_()
+        output, n = self.prepare_output(query, attn_metadata, output)
+        if n is None:
+            return output
         md = attn_metadata
-        n = md.num_actual_tokens
-        if num_tokens > n:
-            output[n:].zero_()
         k_cache, v_cache = kv_cache[0], kv_cache[1]
         tk.reshape_and_cache(key[:n], value[:n], k_cache, v_cache, md.slot_mapping)
         q = query[:n]
