@@ -148,7 +148,7 @@ class LLM:
         try:
             for (text, ids), params, prio in zip(items, params_list, priorities):
                 req_id = self.next_request_id()
-                params = self._prepare_params(params)
+                params = prepare_params(self.tokenizer, params)
                 children = [params] if params.n == 1 else [params.clone_for_sample(i) for i in range(params.n)]
                 child_ids = [req_id] if params.n == 1 else [f"{req_id}-{i}" for i in range(params.n)]
                 results.append(processor.add_request(req_id, text, ids, params, child_ids, children))
@@ -161,9 +161,6 @@ class LLM:
             self.engine.abort_requests([r for r in engine_ids if r in self.engine.scheduler.requests])
             raise
         return results
-
-    def _prepare_params(self, params: SamplingParams) -> SamplingParams:
-        return prepare_params(self.tokenizer, params)
 
     def _run(self, processor: OutputProcessor) -> None:
         while self.engine.has_unfinished_requests():
