@@ -9,6 +9,7 @@ over the whole batch, never with a per-token Python loop.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -265,15 +266,10 @@ class ModelRunner:
 
     @staticmethod
     def _state_from_new(new: NewRequestData) -> CachedRequestState:
-        return CachedRequestState(
-            req_id=new.req_id,
-            prompt_token_ids=list(new.prompt_token_ids),
-            sampling_params=new.sampling_params,
-            block_ids=list(new.block_ids),
-            num_computed_tokens=new.num_computed_tokens,
-            output_token_ids=list(new.output_token_ids),
-            eos_token_id=new.eos_token_id,
-        )
+        """The runner's state starts as the scheduler's description, field for field (lists
+        copied: the runner appends to them)."""
+        fields = {f.name: getattr(new, f.name) for f in dataclasses.fields(new)}
+        return CachedRequestState(**{k: list(v) if isinstance(v, list) else v for k, v in fields.items()})
 
     def _prepare_inputs(self, so: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, CommonAttentionMetadata, np.ndarray, list[str]]:
         batch = self.input_batch

@@ -42,6 +42,18 @@ def run_host(args: list[str], sites: list[str], timeout: float = 120, **extra: s
     return subprocess.run([HOST_BIN, *args], capture_output=True, text=True, env=subprocess_env(sites, **extra), timeout=timeout)
 
 
+def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
+    """The reference: ``n`` greedy tokens from a Hugging Face model (EOS ignored)."""
+    import torch
+
+    with torch.inference_mode():
+        out = model.generate(
+            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0,
+        )
+    return out[0, len(prompt):].tolist()
+
+
 # -- a real `host serve` subprocess ---------------------------------------------------------
 
 

@@ -8,6 +8,15 @@ from typing import Any, Optional
 import typer
 
 ModelOpt = typer.Option(None, "--model", "-m", help="HF model directory or .gguf file (default: SmolLM2-135M-Instruct).")
+# engine flags shared by `host generate` and `host serve`
+DtypeOpt = typer.Option(None, "--dtype", help="auto, float32, bfloat16 or float16.")
+MaxModelLenOpt = typer.Option(None, "--max-model-len")
+MaxNumSeqsOpt = typer.Option(None, "--max-num-seqs")
+MaxNumBatchedTokensOpt = typer.Option(None, "--max-num-batched-tokens")
+KvCacheMemoryOpt = typer.Option(None, "--kv-cache-memory", help="KV cache budget, e.g. 1GiB.")
+GpuMemoryUtilizationOpt = typer.Option(None, "--gpu-memory-utilization")
+PrefixCachingOpt = typer.Option(None, "--enable-prefix-caching/--no-enable-prefix-caching")
+LoadFormatOpt = typer.Option(None, "--load-format", help="auto, safetensors, gguf or dummy.")
 
 
 def _engine_kwargs(**kw: Any) -> dict[str, Any]:
@@ -37,14 +46,14 @@ def generate_cmd(
     model: Optional[str] = ModelOpt,
     max_tokens: int = typer.Option(64, "--max-tokens", help="Tokens to generate per prompt."),
     temperature: float = typer.Option(0.0, "--temperature", help="0 means greedy."),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="auto, float32 or bfloat16."),
-    max_model_len: Optional[int] = typer.Option(None, "--max-model-len"),
-    max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs"),
-    max_num_batched_tokens: Optional[int] = typer.Option(None, "--max-num-batched-tokens"),
-    kv_cache_memory: Optional[str] = typer.Option(None, "--kv-cache-memory", help="KV cache budget, e.g. 1GiB."),
-    gpu_memory_utilization: Optional[float] = typer.Option(None, "--gpu-memory-utilization"),
-    enable_prefix_caching: Optional[bool] = typer.Option(None, "--enable-prefix-caching/--no-enable-prefix-caching"),
-    load_format: Optional[str] = typer.Option(None, "--load-format", help="auto, safetensors, gguf or dummy."),
+    dtype: Optional[str] = DtypeOpt,
+    max_model_len: Optional[int] = MaxModelLenOpt,
+    max_num_seqs: Optional[int] = MaxNumSeqsOpt,
+    max_num_batched_tokens: Optional[int] = MaxNumBatchedTokensOpt,
+    kv_cache_memory: Optional[str] = KvCacheMemoryOpt,
+    gpu_memory_utilization: Optional[float] = GpuMemoryUtilizationOpt,
+    enable_prefix_caching: Optional[bool] = PrefixCachingOpt,
+    load_format: Optional[str] = LoadFormatOpt,
     plugins: Optional[str] = typer.Option(None, "--plugins"),
 ) -> None:
     """Complete each PROMPT with the model and print the results."""

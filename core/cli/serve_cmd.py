@@ -14,7 +14,18 @@ from typing import Any, Optional
 
 import typer
 
-from host.core.cli.generate_cmd import _engine_kwargs, _parse_bytes
+from host.core.cli.generate_cmd import (
+    DtypeOpt,
+    GpuMemoryUtilizationOpt,
+    KvCacheMemoryOpt,
+    LoadFormatOpt,
+    MaxModelLenOpt,
+    MaxNumBatchedTokensOpt,
+    MaxNumSeqsOpt,
+    PrefixCachingOpt,
+    _engine_kwargs,
+    _parse_bytes,
+)
 
 
 def serve_cmd(
@@ -26,14 +37,14 @@ def serve_cmd(
     strict_plugins: bool = typer.Option(False, "--strict-plugins", help="Any plugin failure is fatal."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="HOST_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1 routes."),
     served_model_name: Optional[list[str]] = typer.Option(None, "--served-model-name", help="Name(s) clients use for the model."),
-    max_model_len: Optional[int] = typer.Option(None, "--max-model-len"),
-    max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs"),
-    max_num_batched_tokens: Optional[int] = typer.Option(None, "--max-num-batched-tokens"),
-    kv_cache_memory: Optional[str] = typer.Option(None, "--kv-cache-memory", help="KV cache budget, e.g. 1GiB."),
-    gpu_memory_utilization: Optional[float] = typer.Option(None, "--gpu-memory-utilization"),
-    enable_prefix_caching: Optional[bool] = typer.Option(None, "--enable-prefix-caching/--no-enable-prefix-caching"),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="auto, float32, bfloat16 or float16."),
-    load_format: Optional[str] = typer.Option(None, "--load-format", help="auto, safetensors, gguf or dummy."),
+    max_model_len: Optional[int] = MaxModelLenOpt,
+    max_num_seqs: Optional[int] = MaxNumSeqsOpt,
+    max_num_batched_tokens: Optional[int] = MaxNumBatchedTokensOpt,
+    kv_cache_memory: Optional[str] = KvCacheMemoryOpt,
+    gpu_memory_utilization: Optional[float] = GpuMemoryUtilizationOpt,
+    enable_prefix_caching: Optional[bool] = PrefixCachingOpt,
+    dtype: Optional[str] = DtypeOpt,
+    load_format: Optional[str] = LoadFormatOpt,
     optimization_level: Optional[int] = typer.Option(None, "-O", "--optimization-level", help="0 (eager, no compiled kernels) to 3."),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn / host log level."),
 ) -> None:

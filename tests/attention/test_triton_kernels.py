@@ -128,6 +128,7 @@ def test_engine_with_triton_backend_matches_transformers(tmp_path, arch):
     import random
 
     import transformers
+    from helpers import hf_greedy
 
     from host import LLM, SamplingParams
 
@@ -151,10 +152,7 @@ def test_engine_with_triton_backend_matches_transformers(tmp_path, arch):
     prompts = [[rng.randrange(3, 300) for _ in range(n)] for n in (5, 19)] + [shared + [7], shared + [9, 11]]
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
     for p, o in zip(prompts, outs):
-        with torch.inference_mode():
-            want = hf.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long), max_new_tokens=6,
-                               min_new_tokens=6, do_sample=False, eos_token_id=None, pad_token_id=0)
-        assert o.outputs[0].token_ids == want[0, len(p):].tolist()
+        assert o.outputs[0].token_ids == hf_greedy(hf, p, 6)
     assert llm.engine.kv_cache_manager.prefix_cache_stats.hits > 0
 
 

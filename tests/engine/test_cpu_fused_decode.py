@@ -13,6 +13,7 @@ import pytest
 import torch
 import transformers
 
+from helpers import hf_greedy
 from host import LLM, SamplingParams
 
 TINY = dict(
@@ -71,10 +72,7 @@ def test_fused_decode_matches_layer_by_layer_and_transformers(tmp_path, arch):
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(max_tokens=10, temperature=0, ignore_eos=True))
     assert compared and max(compared) == 4, "decode steps of the whole batch went through the fused path"
     for prompt, out in zip(prompts, outs):
-        with torch.inference_mode():
-            want = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                               max_new_tokens=10, min_new_tokens=10, do_sample=False, eos_token_id=None, pad_token_id=0)
-        assert out.outputs[0].token_ids == want[0, len(prompt):].tolist()
+        assert out.outputs[0].token_ids == hf_greedy(hf, prompt, 10)
 
 
 def test_fused_decode_declines_batches_it_does_not_take(tmp_path):

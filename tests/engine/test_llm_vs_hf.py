@@ -15,6 +15,7 @@ import pytest
 import torch
 import transformers
 
+from helpers import hf_greedy
 from host import LLM, SamplingParams
 
 MAX_NEW = 12
@@ -56,15 +57,6 @@ def prompts_of(lengths: list[int], seed: int = 0, shared_prefix: int = 0) -> lis
     rng = random.Random(seed)
     prefix = [rng.randrange(3, 512) for _ in range(shared_prefix)]
     return [prefix + [rng.randrange(3, 512) for _ in range(n)] for n in lengths]
-
-
-def hf_greedy(model: Any, prompt: list[int], n: int) -> list[int]:
-    with torch.inference_mode():
-        out = model.generate(
-            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0,
-        )
-    return out[0, len(prompt):].tolist()
 
 
 def assert_no_leaked_blocks(llm: LLM) -> None:

@@ -10,6 +10,7 @@ import pytest
 import torch
 import transformers
 
+from helpers import hf_greedy
 from host import LLM, SamplingParams
 
 
@@ -41,10 +42,7 @@ def test_levels_match_transformers(tiny, level):
     prompts = [[rng.randrange(3, 300) for _ in range(n)] for n in (5, 19, 1, 9)]
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
     for p, o in zip(prompts, outs):
-        with torch.inference_mode():
-            want = hf.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long), max_new_tokens=6,
-                               min_new_tokens=6, do_sample=False, eos_token_id=None, pad_token_id=0)
-        assert o.outputs[0].token_ids == want[0, len(p):].tolist()
+        assert o.outputs[0].token_ids == hf_greedy(hf, p, 6)
 
 
 def test_bad_level_is_refused():
