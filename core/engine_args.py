@@ -8,7 +8,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from host.core.config import CacheConfig, EngineConfig, LoadConfig, ModelConfig, ParallelConfig, SchedulerConfig
+from host.core.config import CacheConfig, CompilationConfig, EngineConfig, LoadConfig, ModelConfig, ParallelConfig, SchedulerConfig
 
 logger = logging.getLogger("host.engine")
 
@@ -38,6 +38,11 @@ class EngineArgs:
     attention_backend: str | None = None
     distributed_executor_backend: str = "uniproc"
     optimization_level: int = 2
+    enforce_eager: bool = False
+    custom_ops: bool | None = None
+    torch_compile: bool | None = None
+    cuda_graphs: bool | None = None
+    cuda_graph_sizes: list[int] | None = None
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> "EngineArgs":
@@ -110,9 +115,18 @@ class EngineArgs:
             parallel=ParallelConfig(distributed_executor_backend=self.distributed_executor_backend),
             attention_backend=self.attention_backend,
             device=platform.device_type,
-            optimization_level=self.optimization_level,
+            compilation=CompilationConfig(
+                level=self.optimization_level,
+                custom_ops=self.custom_ops,
+                torch_compile=self.torch_compile,
+                cuda_graphs=self.cuda_graphs,
+                cuda_graph_sizes=self.cuda_graph_sizes,
+                enforce_eager=self.enforce_eager,
+            ),
         )
         host = get_plugin_host()
         host.call_each("host_adjust_config", config=config)
+        config.compilation.resolve(config.scheduler.max_num_seqs, platform.can_capture_graphs())
         platform.check_and_update_config(config)
+        logger.info("compilation: %s", config.compilation.describe())
         return config

@@ -20,6 +20,7 @@ import torch
 
 from host.core.config import EngineConfig
 from host.core.forward_context import ForwardContext, set_forward_context
+from host.core.graph_runner import DecodeGraphs
 from host.core.outputs import ModelRunnerOutput, NewRequestData, SchedulerOutput, TokenLogprobs
 from host.core.structured_output import bitmask_to_bool
 from host.core.sampler import LogprobsTensors, Sampler, gather_logprobs, make_metadata, seeded_generator
@@ -36,6 +37,54 @@ class StepTiming:
     num_tokens: int
     sampler_s: float
     step_s: float
+
+
+@dataclass
+class StepInputs:
+    """One step's flattened batch on the host: token ``t`` belongs to request
+    ``req_indices[t]``; request ``i`` owns ``query_start_loc[i]:query_start_loc[i+1]``."""
+
+    req_ids: list[str]
+    num_scheduled: np.ndarray  # int64 [num_reqs]
+    input_ids: np.ndarray  # int64 [num_tokens]
+    positions: np.ndarray  # int64 [num_tokens]
+    slot_mapping: np.ndarray  # int64 [num_tokens]
+    query_start_loc: np.ndarray  # int32 [num_reqs + 1]
+    seq_lens: np.ndarray  # int32 [num_reqs]
+    block_table: np.ndarray  # int32 [num_reqs, max_blocks] (a view of the persistent batch)
+
+
+class HostStaging:
+    """Host-to-device copies of step inputs without a host wait.
+
+    On an accelerator each named input has a pinned (page-locked) host buffer, reused every
+    step, and the copy to the device is asynchronous; the previous step's wait for its sampled
+    token ids guarantees the buffer's last copy has finished before it is overwritten. On a CPU
+    device the numpy arrays are used as they are."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.pinned = device.type != "cpu"
+        self._buffers: dict[str, torch.Tensor] = {}
+
+    def _host(self, name: str, array: np.ndarray) -> torch.Tensor:
+        src = torch.from_numpy(np.ascontiguousarray(array))
+        if not self.pinned:
+            return src
+        n = src.numel()
+        buf = self._buffers.get(name)
+        if buf is None or buf.numel() < n or buf.dtype != src.dtype:
+            buf = torch.empty(max(n, 1024), dtype=src.dtype, pin_memory=True)
+            self._buffers[name] = buf
+        view = buf[:n].view(src.shape)
+        view.copy_(src)
+        return view
+
+    def to_device(self, name: str, array: np.ndarray) -> torch.Tensor:
+        return self._host(name, array).to(self.device, non_blocking=True)
+
+    def copy_into(self, dst: torch.Tensor, name: str, array: np.ndarray) -> None:
+        dst.copy_(self._host(name, array), non_blocking=True)
 
 
 @dataclass
@@ -155,11 +204,15 @@ class ModelRunner:
         self.input_batch: InputBatch | None = None
         self.sampler = Sampler()
         self._forward: Any = None  # the model, or its compiled forward (-O3)
+        self.staging = HostStaging(device)
+        self.decode_graphs: DecodeGraphs | None = None
         self._attention_layers: dict[int, Any] = {}
         # set to a list to record a StepTiming per step (benchmarks read it)
         self.step_timings: list[StepTiming] | None = None
         self._attn_builder: Any = None
         self.block_size = config.cache.block_size
+        if config.compilation.custom_ops is None:  # a config built without EngineArgs
+            config.compilation.resolve(config.scheduler.max_num_seqs, platform.can_capture_graphs())
 
     # -- start-up ----------------------------------------------------------------------------
 
@@ -184,14 +237,14 @@ class ModelRunner:
         )
 
     def _maybe_compile(self) -> None:
-        """``-O3``: compile the model's forward with ``torch.compile`` (the platform's backend,
+        """``-O3`` (or ``--torch-compile``): compile the model's forward with ``torch.compile`` (the platform's backend,
         dynamic token count). Attention becomes the opaque ``host::attention`` op, so the graph
         runs from the embedding to the final norm with attention calls in between."""
         from host.core.models.attention_layer import Attention
 
         self._attention_layers = {m.layer_idx: m for m in self.model.modules() if isinstance(m, Attention)}
         self._forward = self.model
-        if getattr(self.config, "optimization_level", 2) < 3:
+        if not self.config.compilation.torch_compile:
             return
         for layer in self._attention_layers.values():
             layer.opaque = True
@@ -244,6 +297,28 @@ class ModelRunner:
         logger.info(
             "KV cache: %d blocks of %d tokens, %.1f MiB", num_blocks, self.block_size, self.kv_buffer.numel() * self.kv_buffer.element_size() / 2**20
         )
+        self._maybe_capture_graphs()
+
+    def _maybe_capture_graphs(self) -> None:
+        """Capture decode graphs when the compilation config asks for them. A backend that
+        cannot run inside a graph turns them off with a warning at the level's default, and is
+        an error when graphs were asked for explicitly."""
+        compilation = self.config.compilation
+        if not compilation.cuda_graphs or not compilation.cuda_graph_sizes:
+            return
+        if not getattr(self.attn_backend, "supports_cuda_graphs", False):
+            message = (
+                f"attention backend {self.attn_backend.name!r} cannot run inside device graphs"
+            )
+            if "cuda_graphs" in compilation.explicit or "cuda_graph_sizes" in compilation.explicit:
+                raise ValueError(f"{message}; drop --cuda-graph-sizes or choose a backend that can (triton_paged)")
+            logger.warning("%s; decode graphs are off", message)
+            compilation.cuda_graphs = False
+            compilation.cuda_graph_sizes = []
+            return
+        self.decode_graphs = DecodeGraphs(self, compilation.cuda_graph_sizes)
+        with torch.inference_mode():
+            self.decode_graphs.capture()
 
     # -- one step ----------------------------------------------------------------------------
 
@@ -271,7 +346,8 @@ class ModelRunner:
         fields = {f.name: getattr(new, f.name) for f in dataclasses.fields(new)}
         return CachedRequestState(**{k: list(v) if isinstance(v, list) else v for k, v in fields.items()})
 
-    def _prepare_inputs(self, so: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, CommonAttentionMetadata, np.ndarray, list[str]]:
+    def _prepare_inputs(self, so: SchedulerOutput) -> StepInputs:
+        """The step's flattened inputs as host arrays, built with vectorised numpy."""
         batch = self.input_batch
         assert batch is not None
         num_reqs = batch.num_reqs
@@ -291,29 +367,52 @@ class ModelRunner:
         query_start_loc[1:] = cu
         seq_lens = (computed + num_scheduled).astype(np.int32)
         max_blocks = int(batch.num_blocks[:num_reqs].max()) if num_reqs else 0
-        dev = self.device
-        qsl_cpu = torch.from_numpy(query_start_loc)
-        seq_cpu = torch.from_numpy(seq_lens)
-        common = CommonAttentionMetadata(
-            query_start_loc=qsl_cpu.to(dev),
-            seq_lens=seq_cpu.to(dev),
-            block_table=torch.from_numpy(batch.block_table[:num_reqs, :max_blocks].copy()).to(dev),
-            slot_mapping=torch.from_numpy(slot_mapping).to(dev),
+        return StepInputs(
+            req_ids=req_ids,
+            num_scheduled=num_scheduled,
+            input_ids=input_ids,
+            positions=positions,
+            slot_mapping=slot_mapping,
+            query_start_loc=query_start_loc,
+            seq_lens=seq_lens,
+            block_table=batch.block_table[:num_reqs, :max_blocks],
+        )
+
+    def _attention_metadata(self, inputs: StepInputs) -> CommonAttentionMetadata:
+        """Device copies of the step's layout (through pinned memory on an accelerator, without
+        waiting), plus the host copies metadata builders may read without a sync."""
+        stage = self.staging
+        num_reqs = len(inputs.req_ids)
+        return CommonAttentionMetadata(
+            query_start_loc=stage.to_device("qsl", inputs.query_start_loc),
+            seq_lens=stage.to_device("seq", inputs.seq_lens),
+            block_table=stage.to_device("blocks", inputs.block_table),
+            slot_mapping=stage.to_device("slots", inputs.slot_mapping),
             num_reqs=num_reqs,
-            num_actual_tokens=total,
-            max_query_len=int(num_scheduled.max()) if num_reqs else 0,
-            max_seq_len=int(seq_lens.max()) if num_reqs else 0,
+            num_actual_tokens=len(inputs.input_ids),
+            max_query_len=int(inputs.num_scheduled.max()) if num_reqs else 0,
+            max_seq_len=int(inputs.seq_lens.max()) if num_reqs else 0,
             block_size=self.block_size,
-            query_start_loc_cpu=qsl_cpu,
-            seq_lens_cpu=seq_cpu,
+            query_start_loc_cpu=torch.from_numpy(inputs.query_start_loc),
+            seq_lens_cpu=torch.from_numpy(inputs.seq_lens),
         )
-        return (
-            torch.from_numpy(input_ids).to(dev),
-            torch.from_numpy(positions).to(dev),
-            common,
-            num_scheduled,
-            req_ids,
-        )
+
+    def _run_forward(self, inputs: StepInputs) -> torch.Tensor:
+        """Hidden states of the step's tokens: a graph replay for a decode batch that fits one,
+        else the (possibly compiled) forward."""
+        graphs = self.decode_graphs
+        n = len(inputs.req_ids)
+        if graphs is not None and len(inputs.input_ids) == n and graphs.size_for(n) is not None:
+            return graphs.run(inputs.input_ids, inputs.positions, inputs.slot_mapping, inputs.seq_lens, inputs.block_table)
+        common = self._attention_metadata(inputs)
+        if self._attn_builder is None:
+            # one builder for the runner's life, so its scratch buffers carry over between steps
+            self._attn_builder = self.attn_backend.get_builder_cls()(self.attn_backend, self.device)
+        attn_metadata = self._attn_builder.build(common)
+        input_ids = self.staging.to_device("ids", inputs.input_ids)
+        positions = self.staging.to_device("pos", inputs.positions)
+        with set_forward_context(ForwardContext(attn_metadata, self.kv_caches, {"attention_layers": self._attention_layers})):
+            return (self._forward if self._forward is not None else self.model)(input_ids, positions)
 
     @torch.inference_mode()
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
@@ -323,15 +422,14 @@ class ModelRunner:
         batch = self.input_batch
         if so.total_num_scheduled_tokens == 0 or batch.num_reqs == 0:
             return ModelRunnerOutput(req_ids=[], req_id_to_index={}, sampled_token_ids=[])
-        input_ids, positions, common, num_scheduled, req_ids = self._prepare_inputs(so)
-        if self._attn_builder is None:
-            # one builder for the runner's life, so its scratch buffers carry over between steps
-            self._attn_builder = self.attn_backend.get_builder_cls()(self.attn_backend, self.device)
-        attn_metadata = self._attn_builder.build(common)
-        with set_forward_context(ForwardContext(attn_metadata, self.kv_caches, {"attention_layers": self._attention_layers})):
-            hidden = (self._forward if self._forward is not None else self.model)(input_ids, positions)
-        logits_indices = torch.from_numpy(np.cumsum(num_scheduled) - 1).to(self.device)
-        logits = self.model.compute_logits(hidden[logits_indices])
+        inputs = self._prepare_inputs(so)
+        num_scheduled, req_ids = inputs.num_scheduled, inputs.req_ids
+        hidden = self._run_forward(inputs)
+        if len(inputs.input_ids) == len(req_ids):
+            last_hidden = hidden  # one token per request: every row is sampled
+        else:
+            last_hidden = hidden[self.staging.to_device("last", np.cumsum(num_scheduled) - 1)]
+        logits = self.model.compute_logits(last_hidden)
         num_reqs = batch.num_reqs
         states = [batch.states[i] for i in range(num_reqs)]
         computed_before = batch.num_computed_tokens[:num_reqs].copy()
@@ -343,7 +441,10 @@ class ModelRunner:
         if so.grammar_bitmask is not None:
             self._apply_grammar(md, so, req_ids, logits.shape[-1])
         result = self.sampler(logits, md)
-        sampled = result.sampled_token_ids.tolist()
+        sampled = result.sampled_token_ids.tolist()  # the step's one wait for the device
+        if result.logprobs is not None and result.logprobs.token_ids.device.type != "cpu":
+            lp = result.logprobs
+            result.logprobs = LogprobsTensors(lp.token_ids.cpu(), lp.logprobs.cpu(), lp.ranks.cpu())
         t_sampled = time.perf_counter()
         prompt_logprobs = self._prompt_logprobs(hidden, states, computed_before, num_scheduled)
 
@@ -415,10 +516,10 @@ class ModelRunner:
             num_prompt = len(state.prompt_token_ids)
             last = min(first + n, num_prompt - 1)  # exclusive: positions p with p + 1 < num_prompt
             if k is not None and first < last:
-                rows = torch.arange(start, start + (last - first))
-                logits = self.model.compute_logits(hidden[rows])
-                targets = torch.tensor(state.prompt_token_ids[first + 1 : last + 1], dtype=torch.int64)
+                logits = self.model.compute_logits(hidden[start : start + (last - first)])
+                targets = torch.tensor(state.prompt_token_ids[first + 1 : last + 1], dtype=torch.int64, device=logits.device)
                 lp = gather_logprobs(logits.float().log_softmax(dim=-1), k, targets)
+                lp = LogprobsTensors(lp.token_ids.cpu(), lp.logprobs.cpu(), lp.ranks.cpu())
                 out[state.req_id] = [_row_logprobs(lp, j, k) for j in range(last - first)]
             start += n
         return out

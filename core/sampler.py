@@ -22,6 +22,7 @@ full sort for that row only).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +59,19 @@ class SamplingMetadata:
     output_token_ids: list[list[int]] | None = None  # per row, for penalties
     prompt_token_ids: list[list[int]] | None = None  # per row, for the repetition penalty
 
+    def to(self, device: torch.device) -> "SamplingMetadata":
+        """A copy with every tensor on ``device`` (asynchronous copies; generators stay on the
+        host: the uniforms they draw are copied instead)."""
+
+        def move(x: Any) -> Any:
+            if isinstance(x, torch.Tensor):
+                return x.to(device, non_blocking=True)
+            if isinstance(x, tuple):
+                return tuple(move(t) for t in x)
+            return x
+
+        return dataclasses.replace(self, **{f.name: move(getattr(self, f.name)) for f in dataclasses.fields(self)})
+
 
 @dataclass
 class LogprobsTensors:
@@ -76,9 +90,20 @@ class SamplerOutput:
 
 
 class Sampler:
-    """Picks one token per row of ``logits``; see the module docstring for the chain."""
+    """Picks one token per row of ``logits``; see the module docstring for the chain.
+
+    ``draw_kernel`` is an optional device kernel with the signature of
+    ``host.plugins.builtin_cuda.triton_sampling.sample`` (logits, temperature, top_k, top_p,
+    min_p, uniforms -> token ids) that a platform supplies: with it, rows that are not greedy
+    are drawn on the device with no host synchronisation (the greedy rows take the argmax in
+    the same pass). Without it the torch path below runs on any device."""
+
+    def __init__(self, draw_kernel: Any = None) -> None:
+        self.draw_kernel = draw_kernel
 
     def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
+        if logits.device.type != "cpu":
+            md = md.to(logits.device)
         logits = logits.float()
         raw_logprobs = logits.log_softmax(dim=-1) if md.max_num_logprobs is not None else None
         logits = apply_logits_processors(logits, md)
@@ -93,8 +118,11 @@ class Sampler:
             return logits.argmax(dim=-1)
         temperature = md.temperature.to(logits.device)
         is_greedy = temperature < _GREEDY_EPS
-        out = torch.empty(logits.shape[0], dtype=torch.int64)
-        rows = torch.arange(logits.shape[0]) if md.all_random else torch.nonzero(~is_greedy).squeeze(1)
+        if self.draw_kernel is not None:
+            return self._sample_with_kernel(logits, md, temperature, is_greedy)
+        dev = logits.device
+        out = torch.empty(logits.shape[0], dtype=torch.int64, device=dev)
+        rows = torch.arange(logits.shape[0], device=dev) if md.all_random else torch.nonzero(~is_greedy).squeeze(1)
         if not md.all_random:
             greedy_rows = torch.nonzero(is_greedy).squeeze(1)
             out[greedy_rows] = logits.index_select(0, greedy_rows).argmax(dim=-1)
@@ -103,6 +131,25 @@ class Sampler:
         gens = md.generators if md.all_random else _remap(md.generators, rows)
         out[rows] = draw(sub, temperature if md.all_random else temperature[rows], pick(md.min_p), pick(md.top_k), pick(md.top_p), gens)
         return out
+
+    def _sample_with_kernel(
+        self, logits: torch.Tensor, md: SamplingMetadata, temperature: torch.Tensor, is_greedy: torch.Tensor
+    ) -> torch.Tensor:
+        """Every row through the device kernel (greedy rows at temperature 1, then replaced by
+        the argmax): the same grid whatever the batch mix, and nothing read back."""
+        batch, dev = logits.shape[0], logits.device
+        temp = torch.where(is_greedy, torch.ones_like(temperature), temperature)
+        k = md.top_k if md.top_k is not None else torch.zeros(batch, dtype=torch.int64, device=dev)
+        p = md.top_p if md.top_p is not None else torch.ones(batch, device=dev)
+        mp = md.min_p if md.min_p is not None else torch.zeros(batch, device=dev)
+        if md.generators:
+            u = _uniforms(batch, md.generators).to(dev, non_blocking=True)
+        else:
+            u = torch.rand(batch, dtype=torch.float64, device=dev)
+        sampled = self.draw_kernel(logits, temp, k, p, mp, u)
+        if md.all_random:
+            return sampled
+        return torch.where(is_greedy, logits.argmax(dim=-1), sampled)
 
 
 def _remap(generators: dict[int, torch.Generator], rows: torch.Tensor) -> dict[int, torch.Generator]:
@@ -121,7 +168,7 @@ def apply_logits_processors(logits: torch.Tensor, md: SamplingMetadata) -> torch
         logits = logits.masked_fill(~md.allowed_mask, float("-inf"))
     if md.banned is not None:
         rows, ids = md.banned
-        logits = logits.index_put((rows, ids), torch.tensor(float("-inf")))
+        logits = logits.index_put((rows, ids), torch.tensor(float("-inf"), device=logits.device))
     if md.logit_bias is not None:
         rows, ids, values = md.logit_bias
         logits = logits.index_put((rows, ids), values, accumulate=True)
@@ -153,10 +200,10 @@ def apply_penalties(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
     token occurred in the output) — the OpenAI definitions."""
     vocab = logits.shape[-1]
     assert md.output_token_ids is not None
-    out_counts = token_counts(md.output_token_ids, vocab)
+    out_counts = token_counts(md.output_token_ids, vocab).to(logits.device)
     if md.repetition_penalty is not None:
         assert md.prompt_token_ids is not None
-        seen = (token_counts(md.prompt_token_ids, vocab) > 0) | (out_counts > 0)
+        seen = (token_counts(md.prompt_token_ids, vocab).to(logits.device) > 0) | (out_counts > 0)
         rp = md.repetition_penalty[:, None]
         penalized = torch.where(logits > 0, logits / rp, logits * rp)
         logits = torch.where(seen, penalized, logits)
@@ -214,18 +261,19 @@ def draw(
     Other rows with a top-p first try the best 1024 tokens and sort the whole row only when
     those hold less than the nucleus."""
     batch, vocab = logits.shape
-    out = torch.empty(batch, dtype=torch.int64)
-    k = top_k if top_k is not None else torch.zeros(batch, dtype=torch.int64)
-    p = top_p if top_p is not None else torch.ones(batch)
-    mp = min_p if min_p is not None else torch.zeros(batch)
-    u = _uniforms(batch, generators)
+    dev = logits.device
+    out = torch.empty(batch, dtype=torch.int64, device=dev)
+    k = top_k if top_k is not None else torch.zeros(batch, dtype=torch.int64, device=dev)
+    p = top_p if top_p is not None else torch.ones(batch, device=dev)
+    mp = min_p if min_p is not None else torch.zeros(batch, device=dev)
+    u = _uniforms(batch, generators).to(dev)
 
     k_rows = torch.nonzero(k > 0).squeeze(1)
     if k_rows.numel():
         kk = k[k_rows].clamp(max=vocab)
         values, ids = logits.index_select(0, k_rows).topk(int(kk.max()), dim=-1)
         values = values / temperature[k_rows, None]
-        values = values.masked_fill(torch.arange(values.shape[1])[None, :] >= kk[:, None], float("-inf"))
+        values = values.masked_fill(torch.arange(values.shape[1], device=dev)[None, :] >= kk[:, None], float("-inf"))
         values = _min_p_sorted(values, mp[k_rows])
         probs = (values - values[:, :1]).exp()  # unnormalized top-k distribution
         probs = _nucleus(probs, probs.sum(dim=-1), p[k_rows])
@@ -258,8 +306,8 @@ def _draw_nucleus(logits: torch.Tensor, top_p: torch.Tensor, u: torch.Tensor) ->
     width = min(vocab, _TOP_P_CANDIDATES)
     values, ids = logits.topk(width, dim=-1)
     probs = (values - top).exp()
-    out = torch.empty(logits.shape[0], dtype=torch.int64)
-    wide = (probs.sum(dim=-1) < top_p * total) if width < vocab else torch.zeros(logits.shape[0], dtype=torch.bool)
+    out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
+    wide = (probs.sum(dim=-1) < top_p * total) if width < vocab else torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
     fits = torch.nonzero(~wide).squeeze(1)
     if fits.numel():
         kept = _nucleus(probs[fits], total[fits], top_p[fits])

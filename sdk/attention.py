@@ -150,6 +150,10 @@ class AttentionBackend:
     supports_sliding_window: ClassVar[bool] = False
     supports_prefix_caching: ClassVar[bool] = True
     supports_mixed_batches: ClassVar[bool] = True  # prefill and decode in one varlen batch
+    # can run inside a device graph: the metadata builder keeps views of the buffers it is given
+    # and reads nothing from the host, and the kernels' launch parameters depend only on shapes
+    # and on ``max_seq_len`` (an upper bound during capture)
+    supports_cuda_graphs: ClassVar[bool] = False
 
     @classmethod
     def supports_combination(cls, req: AttentionRequirements) -> str | None:
@@ -199,4 +203,5 @@ class AttentionBackend:
             "sliding_window": cls.supports_sliding_window,
             "prefix_caching": cls.supports_prefix_caching,
             "mixed_batches": cls.supports_mixed_batches,
+            "cuda_graphs": cls.supports_cuda_graphs,
         }

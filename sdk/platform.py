@@ -128,6 +128,23 @@ class Platform:
         beyond floating-point rounding. Default: nothing.
         """
 
+    # -- device graphs ------------------------------------------------------------------------
+
+    def can_capture_graphs(self) -> bool:
+        """Whether :meth:`capture_graph` works here (CUDA / HIP graphs). ``-O2`` and above turn
+        decode graphs on only where this is true."""
+        return False
+
+    def graph_pool(self) -> Any:
+        """A memory-pool handle shared by every graph one model runner captures."""
+        return None
+
+    def capture_graph(self, fn: Any, pool: Any = None) -> tuple[Any, Any]:
+        """Run ``fn()`` once under graph capture; return ``(replay, output)``: calling
+        ``replay()`` re-runs the recorded kernels on the same input buffers and refreshes the
+        tensors in ``output``. The caller warms ``fn`` up before capturing."""
+        raise NotImplementedError(f"platform {self.name!r} cannot capture device graphs")
+
     def get_device_communicator_cls(self) -> str | None:
         """The qualified name of the class doing collective communication, if any."""
         return None

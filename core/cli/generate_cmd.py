@@ -17,10 +17,36 @@ KvCacheMemoryOpt = typer.Option(None, "--kv-cache-memory", help="KV cache budget
 GpuMemoryUtilizationOpt = typer.Option(None, "--gpu-memory-utilization")
 PrefixCachingOpt = typer.Option(None, "--enable-prefix-caching/--no-enable-prefix-caching")
 LoadFormatOpt = typer.Option(None, "--load-format", help="auto, safetensors, gguf or dummy.")
+OptLevelOpt = typer.Option(None, "-O", "--optimization-level", help="0 (eager) to 3; default 2. See docs/cuda.md.")
+EnforceEagerOpt = typer.Option(False, "--enforce-eager", help="No device graphs and no torch.compile, whatever the -O level.")
+CustomOpsOpt = typer.Option(None, "--custom-ops/--no-custom-ops", help="The platform's fused kernels (default: on from -O1).")
+TorchCompileOpt = typer.Option(None, "--torch-compile/--no-torch-compile", help="torch.compile the model (default: on at -O3).")
+CudaGraphSizesOpt = typer.Option(None, "--cuda-graph-sizes", help="Decode batch sizes to capture as graphs, e.g. 1,2,4,8; 'none' turns graphs off (default: on from -O2 where the platform can capture).")
 
 
 def _engine_kwargs(**kw: Any) -> dict[str, Any]:
     return {k: v for k, v in kw.items() if v is not None}
+
+
+def _compilation_kwargs(
+    optimization_level: int | None, enforce_eager: bool, custom_ops: bool | None, torch_compile: bool | None, cuda_graph_sizes: str | None
+) -> dict[str, Any]:
+    """The ``-O`` flags as engine keyword arguments (only those given)."""
+    kw: dict[str, Any] = _engine_kwargs(optimization_level=optimization_level, custom_ops=custom_ops, torch_compile=torch_compile)
+    if enforce_eager:
+        kw["enforce_eager"] = True
+    if cuda_graph_sizes is not None:
+        text = cuda_graph_sizes.strip().lower()
+        if text in ("", "none", "off", "0"):
+            kw["cuda_graphs"] = False
+        else:
+            try:
+                kw["cuda_graph_sizes"] = [int(x) for x in text.replace(" ", ",").split(",") if x]
+            except ValueError:
+                raise typer.BadParameter(
+                    f"{cuda_graph_sizes!r} is not a list of batch sizes; use e.g. 1,2,4,8 or none", param_hint="--cuda-graph-sizes"
+                ) from None
+    return kw
 
 
 def _parse_bytes(value: str | None) -> int | None:
@@ -54,6 +80,11 @@ def generate_cmd(
     gpu_memory_utilization: Optional[float] = GpuMemoryUtilizationOpt,
     enable_prefix_caching: Optional[bool] = PrefixCachingOpt,
     load_format: Optional[str] = LoadFormatOpt,
+    optimization_level: Optional[int] = OptLevelOpt,
+    enforce_eager: bool = EnforceEagerOpt,
+    custom_ops: Optional[bool] = CustomOpsOpt,
+    torch_compile: Optional[bool] = TorchCompileOpt,
+    cuda_graph_sizes: Optional[str] = CudaGraphSizesOpt,
     plugins: Optional[str] = typer.Option(None, "--plugins"),
 ) -> None:
     """Complete each PROMPT with the model and print the results."""
@@ -65,7 +96,7 @@ def generate_cmd(
             max_num_batched_tokens=max_num_batched_tokens, kv_cache_memory=_parse_bytes(kv_cache_memory),
             gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=enable_prefix_caching,
             load_format=load_format,
-        ))
+        ), **_compilation_kwargs(optimization_level, enforce_eager, custom_ops, torch_compile, cuda_graph_sizes))
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature)
         outputs = llm.generate(list(prompt), params)
     except ValueError as exc:

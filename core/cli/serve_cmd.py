@@ -15,14 +15,20 @@ from typing import Any, Optional
 import typer
 
 from host.core.cli.generate_cmd import (
+    CudaGraphSizesOpt,
+    CustomOpsOpt,
     DtypeOpt,
+    EnforceEagerOpt,
     GpuMemoryUtilizationOpt,
     KvCacheMemoryOpt,
     LoadFormatOpt,
     MaxModelLenOpt,
     MaxNumBatchedTokensOpt,
     MaxNumSeqsOpt,
+    OptLevelOpt,
     PrefixCachingOpt,
+    TorchCompileOpt,
+    _compilation_kwargs,
     _engine_kwargs,
     _parse_bytes,
 )
@@ -45,7 +51,11 @@ def serve_cmd(
     enable_prefix_caching: Optional[bool] = PrefixCachingOpt,
     dtype: Optional[str] = DtypeOpt,
     load_format: Optional[str] = LoadFormatOpt,
-    optimization_level: Optional[int] = typer.Option(None, "-O", "--optimization-level", help="0 (eager, no compiled kernels) to 3."),
+    optimization_level: Optional[int] = OptLevelOpt,
+    enforce_eager: bool = EnforceEagerOpt,
+    custom_ops: Optional[bool] = CustomOpsOpt,
+    torch_compile: Optional[bool] = TorchCompileOpt,
+    cuda_graph_sizes: Optional[str] = CudaGraphSizesOpt,
     log_level: str = typer.Option("info", "--log-level", help="uvicorn / host log level."),
 ) -> None:
     """Serve MODEL over an OpenAI-compatible HTTP API."""
@@ -67,8 +77,7 @@ def serve_cmd(
                 max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                 kv_cache_memory=_parse_bytes(kv_cache_memory), gpu_memory_utilization=gpu_memory_utilization,
                 enable_prefix_caching=enable_prefix_caching, dtype=dtype, load_format=load_format,
-                optimization_level=optimization_level,
-            ),
+            ) | _compilation_kwargs(optimization_level, enforce_eager, custom_ops, torch_compile, cuda_graph_sizes),
         )
     except (ValueError, RuntimeError) as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -119,7 +128,7 @@ def run_server(
             f"(max_model_len {config.model.max_model_len}, dtype {config.model.dtype})",
             f"  platform: {info.get('platform')}; attention backend: {info.get('attention_backend')}; "
             f"KV cache: {info.get('num_gpu_blocks')} blocks of {info.get('block_size')} tokens; "
-            f"optimization level -O{config.optimization_level}",
+            f"{config.compilation.describe()}",
             f"  plugins (api process {os.getpid()}): {_describe_plugins(api_plugins)}",
             f"  plugins (engine process {info.get('pid')}): {_describe_plugins(engine_plugins)}",
             f"  routes from: {', '.join(app.state.endpoints)}",

@@ -52,12 +52,11 @@ class CpuPlatform(Platform):
         from host.plugins.builtin_cpu.kernels import cpu_kernels
         from host.plugins.builtin_cpu.packed_linear import pack_model_linears
 
-        level = getattr(config, "optimization_level", 2)
-        if level >= 3:
-            # -O3: torch.compile generates the fused code; the repacked oneDNN weights and the
+        if config.compilation.torch_compile:
+            # -O3 / --torch-compile: torch.compile generates the fused code; the repacked oneDNN weights and the
             # hand-written kernels are not traceable, so the model stays plain torch here
             return
-        kernels = cpu_kernels() if level > 0 else None  # -O0: eager torch only
+        kernels = cpu_kernels() if config.compilation.custom_ops else None  # -O0: eager torch only
         pack_model_linears(
             model,
             batch_hint=config.scheduler.max_num_seqs,

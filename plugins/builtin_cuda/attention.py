@@ -105,6 +105,7 @@ class TritonPagedAttentionBackend(AttentionBackend):
     supports_sliding_window: ClassVar[bool] = True
     supports_prefix_caching: ClassVar[bool] = True
     supports_mixed_batches: ClassVar[bool] = True
+    supports_cuda_graphs: ClassVar[bool] = True
 
     @classmethod
     def supports_combination(cls, req: Any) -> str | None:

@@ -34,14 +34,6 @@ class CudaPlatform(Platform):
             return False
         return bool(torch.cuda.is_available())
 
-    # what each -O level turns on (explicit flags override a level's defaults)
-    OPTIMIZATION_LEVELS = {
-        0: "eager torch ops",
-        1: "Triton kernels (attention, norms, rotary, SiLU-and-mul)",
-        2: "Triton kernels",
-        3: "Triton kernels",
-    }
-
     def check_and_update_config(self, config: Any) -> None:
         import torch
 
@@ -54,16 +46,34 @@ class CudaPlatform(Platform):
             raise ValueError(
                 "this GPU has no bfloat16 support (compute capability < 8.0); use --dtype float16"
             )
-        level = getattr(config, "optimization_level", 2)
-        logger.info("CUDA optimization level -O%d: %s", level, self.OPTIMIZATION_LEVELS.get(level, "?"))
+        logger.info("CUDA %s", config.compilation.describe())
 
     def prepare_model(self, model: Any, config: Any) -> None:
-        """At ``-O1`` and above, the model's norms, rotary embedding and SiLU-and-mul run as
-        Triton custom ops (``host::*``, traceable by torch.compile)."""
-        if getattr(config, "optimization_level", 2) >= 1:
+        """With custom ops on (``-O1`` and above, or ``--custom-ops``), the model's norms, rotary
+        embedding and SiLU-and-mul run as Triton custom ops (``host::*``, traceable by
+        torch.compile)."""
+        if config.compilation.custom_ops:
             from host.plugins.builtin_cuda.custom_ops import attach_triton_ops
 
             attach_triton_ops(model)
+
+    def can_capture_graphs(self) -> bool:
+        import torch
+
+        return bool(torch.cuda.is_available())
+
+    def graph_pool(self) -> Any:
+        import torch
+
+        return torch.cuda.graph_pool_handle()
+
+    def capture_graph(self, fn: Any, pool: Any = None) -> tuple[Any, Any]:
+        import torch
+
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            output = fn()
+        return graph.replay, output
 
     def get_device_total_memory(self, device_id: int = 0) -> int:
         import torch

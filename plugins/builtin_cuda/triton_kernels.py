@@ -317,6 +317,9 @@ def paged_attention(
     return out
 
 
+SPLIT_TARGET_PROGRAMS = 2048  # about 16 programs per SM on a 132-SM GPU
+
+
 def paged_decode_split(
     query: torch.Tensor,
     k_cache: torch.Tensor,
@@ -339,7 +342,11 @@ def paged_decode_split(
     longest = int(max_seq_len if max_seq_len is not None else seq_lens.max())
     if sliding_window:
         longest = min(longest, int(sliding_window))
-    splits = max(1, math.ceil(longest / span))
+    # enough (request, head, span) programs to fill the device, never spans under ``span``:
+    # a big batch needs no split, a single long sequence gets many
+    wanted = max(1, -(-SPLIT_TARGET_PROGRAMS // (R * H)))
+    splits = max(1, min(math.ceil(longest / span), wanted))
+    span = -(-math.ceil(longest / splits) // 32) * 32
     part_m = torch.empty(R * H * splits, dtype=torch.float32, device=query.device)
     part_l = torch.empty_like(part_m)
     part_acc = torch.empty(R * H * splits * D, dtype=torch.float32, device=query.device)

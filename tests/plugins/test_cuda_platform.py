@@ -8,19 +8,26 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from host.core.config import CompilationConfig
 from host.plugins.builtin_cuda.platform import CudaPlatform
 from host.sdk.attention import AttentionRequirements
+
+
+def _config(dtype: str = "auto", level: int = 2) -> SimpleNamespace:
+    compilation = CompilationConfig(level=level)
+    compilation.resolve(max_num_seqs=8, platform_can_capture=True)
+    return SimpleNamespace(dtype=dtype, compilation=compilation, optimization_level=level)
 
 
 def test_dtype_checks(monkeypatch):
     p = CudaPlatform()
     with pytest.raises(ValueError, match="float64.*not supported on CUDA"):
-        p.check_and_update_config(SimpleNamespace(dtype="float64", optimization_level=2))
+        p.check_and_update_config(_config("float64"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
     with pytest.raises(ValueError, match="--dtype float16"):
-        p.check_and_update_config(SimpleNamespace(dtype="bfloat16", optimization_level=2))
-    p.check_and_update_config(SimpleNamespace(dtype="float16", optimization_level=2))
+        p.check_and_update_config(_config("bfloat16"))
+    p.check_and_update_config(_config("float16"))
 
 
 def test_backend_capabilities(monkeypatch):
@@ -48,8 +55,20 @@ def test_prepare_model_attaches_triton_ops_above_O0():
     config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                                       num_key_value_heads=1, vocab_size=50, max_position_embeddings=32)
     eager, fast = LlamaForCausalLM(config), LlamaForCausalLM(config)
-    CudaPlatform().prepare_model(eager, SimpleNamespace(optimization_level=0))
-    CudaPlatform().prepare_model(fast, SimpleNamespace(optimization_level=1))
+    CudaPlatform().prepare_model(eager, _config(level=0))
+    CudaPlatform().prepare_model(fast, _config(level=1))
     assert eager.model.norm.kernel is None
     assert fast.model.norm.kernel is not None and fast.model.rotary_emb.kernel is not None
     assert torch.bfloat16 in fast.model.norm.kernel_dtypes
+
+
+def test_graph_capture_wiring(monkeypatch):
+    """Decode graphs need a capturing platform: CUDA says yes exactly when a device is there."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert not CudaPlatform().can_capture_graphs()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert CudaPlatform().can_capture_graphs()
+    from host.plugins.builtin_cpu.attention import TorchPagedAttentionBackend
+    from host.plugins.builtin_cuda.attention import TritonPagedAttentionBackend
+
+    assert TritonPagedAttentionBackend.supports_cuda_graphs and not TorchPagedAttentionBackend.supports_cuda_graphs
