@@ -320,6 +320,27 @@ class ModelRunner:
         with torch.inference_mode():
             self.decode_graphs.capture()
 
+    @torch.inference_mode()
+    def profile_run(self) -> None:
+        """The largest step the scheduler can issue, for memory profiling before the KV cache
+        exists: ``max_num_batched_tokens`` dummy tokens through the (possibly compiled) forward
+        with attention skipped (metadata ``None``: the backends return zeros and touch no
+        cache), then logits and a random draw for ``max_num_seqs`` rows."""
+        from host.core.sampler import SamplingMetadata
+
+        sched = self.config.scheduler
+        n = max(1, min(sched.max_num_batched_tokens, sched.max_num_seqs * sched.max_model_len))
+        input_ids = torch.zeros(n, dtype=torch.int64, device=self.device)
+        positions = torch.arange(n, device=self.device) % sched.max_model_len
+        no_cache = [torch.empty(0, dtype=self.dtype, device=self.device)] * self.num_layers
+        with set_forward_context(ForwardContext(None, no_cache, {"attention_layers": self._attention_layers})):
+            hidden = (self._forward if self._forward is not None else self.model)(input_ids, positions)
+        rows = min(sched.max_num_seqs, n)
+        logits = self.model.compute_logits(hidden[:rows])
+        md = SamplingMetadata(temperature=torch.ones(rows), all_greedy=False, all_random=True,
+                              top_k=torch.full((rows,), 50, dtype=torch.int64), top_p=torch.full((rows,), 0.9))
+        self.sampler(logits, md)
+
     # -- one step ----------------------------------------------------------------------------
 
     def _update_states(self, so: SchedulerOutput) -> None:

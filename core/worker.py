@@ -15,6 +15,15 @@ from host.core.outputs import ModelRunnerOutput, SchedulerOutput
 logger = logging.getLogger("host.worker")
 
 CPU_DEFAULT_KV_BYTES = 2 * 2**30
+# set aside for the decode graphs' memory pool, captured after the KV cache is allocated
+GRAPH_MEMORY_RESERVE = 512 * 2**20
+
+
+def kv_budget(total: int, utilization: float, peak: int, non_torch: int, reserve: int = 0) -> int:
+    """Bytes left for the KV cache: ``utilization`` of the device, minus the profiled peak of
+    torch allocations (weights and the largest step's activations), minus memory outside
+    torch's allocator, minus a reserve for graphs. Never negative."""
+    return max(0, int(total * utilization) - peak - non_torch - reserve)
 
 
 class Worker:
@@ -51,8 +60,8 @@ class Worker:
 
         ``--kv-cache-memory`` wins. Otherwise on CPU: ``gpu_memory_utilization`` of physical
         RAM minus the weights, capped at 2 GiB by default (a CPU has no dedicated memory to
-        fill) and at twice what ``max_num_seqs`` full-length sequences need. On an accelerator: ``gpu_memory_utilization`` of device memory minus what is
-        in use after loading the model, plus a margin for activations.
+        fill) and at twice what ``max_num_seqs`` full-length sequences need. On an accelerator: ``gpu_memory_utilization`` of device memory minus what a
+        profiling run measures (see :meth:`_profile_device_memory`).
         """
         cache = self.config.cache
         if cache.kv_cache_memory is not None:
@@ -68,12 +77,30 @@ class Worker:
             token_bytes = 2 * runner.num_layers * runner.num_kv_heads * runner.head_size * runner.dtype.itemsize
             useful = 2 * self.config.scheduler.max_num_seqs * self.config.scheduler.max_model_len * token_bytes
             return max(0, min(budget, CPU_DEFAULT_KV_BYTES, useful))
+        return self._profile_device_memory()
+
+    def _profile_device_memory(self) -> int:
+        """Measure instead of guessing: run the largest step the scheduler can issue (the
+        runner's :meth:`~ModelRunner.profile_run`) and read the device's peak allocation
+        (weights plus activations) and the memory torch does not manage (driver context,
+        communication and GEMM workspaces)."""
         mod = getattr(torch, self.device.type)
+        mod.empty_cache()
+        mod.reset_peak_memory_stats(self.device)
+        self.model_runner.profile_run()
         mod.synchronize()
+        peak = int(mod.max_memory_allocated(self.device))
         free, total = mod.mem_get_info(self.device)
-        used = total - free
-        activation_margin = int(0.05 * total)
-        return max(0, int(total * cache.gpu_memory_utilization) - used - activation_margin)
+        non_torch = max(0, (total - free) - int(mod.memory_reserved(self.device)))
+        reserve = GRAPH_MEMORY_RESERVE if self.config.compilation.cuda_graphs else 0
+        budget = kv_budget(total, self.config.cache.gpu_memory_utilization, peak, non_torch, reserve)
+        logger.info(
+            "Memory profile: %.2f GiB total x %.2f utilization; peak torch %.2f GiB (weights %.2f), "
+            "non-torch %.2f GiB, graph reserve %.2f GiB -> KV cache %.2f GiB",
+            total / 2**30, self.config.cache.gpu_memory_utilization, peak / 2**30,
+            self.model_runner.model_memory_bytes() / 2**30, non_torch / 2**30, reserve / 2**30, budget / 2**30,
+        )
+        return budget
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         assert self.model_runner is not None
