@@ -52,15 +52,16 @@ def model_dir(shape: dict) -> str:
     return path
 
 
-def run_host(path: str, reqs: list[tuple[list[int], int]], dtype: str, max_num_seqs: int, batched: int, max_len: int) -> dict:
+def run_host(path: str, reqs: list[tuple[list[int], int]], dtype: str, max_num_seqs: int, batched: int, max_len: int,
+             temperature: float, extra: dict) -> dict:
     from host import LLM, SamplingParams
 
     t0 = time.perf_counter()
     llm = LLM(path, load_format="dummy", dtype=dtype, skip_tokenizer_init=True, max_model_len=max_len,
-              max_num_seqs=max_num_seqs, max_num_batched_tokens=batched)
+              max_num_seqs=max_num_seqs, max_num_batched_tokens=batched, **extra)
     load_s = time.perf_counter() - t0
     llm.generate([{"prompt_token_ids": reqs[0][0][:16]}], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
-    params = [SamplingParams(max_tokens=out, temperature=0.0, ignore_eos=True) for _, out in reqs]
+    params = [SamplingParams(max_tokens=out, temperature=temperature, ignore_eos=True) for _, out in reqs]
     runner = llm.engine.executor.worker.model_runner
     runner.step_timings = []
     if torch.cuda.is_available():
@@ -78,6 +79,8 @@ def run_host(path: str, reqs: list[tuple[list[int], int]], dtype: str, max_num_s
         "output_tokens": tokens,
         "output_tokens_per_s": tokens / elapsed,
         "attention_backend": runner.attn_backend.name,
+        "compilation": llm.engine.config.compilation.describe(),
+        "graph_replays": runner.decode_graphs.num_replays if runner.decode_graphs is not None else 0,
         "weight_bytes": runner.model_memory_bytes(),
         "decode_steps": len(decode),
         "decode_step_mean_s": sum(t.step_s for t in decode) / max(len(decode), 1),
@@ -88,7 +91,7 @@ def run_host(path: str, reqs: list[tuple[list[int], int]], dtype: str, max_num_s
     return info
 
 
-def run_peer(path: str, reqs: list[tuple[list[int], int]], dtype: str) -> dict:
+def run_peer(path: str, reqs: list[tuple[list[int], int]], dtype: str, temperature: float) -> dict:
     import transformers
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -96,7 +99,9 @@ def run_peer(path: str, reqs: list[tuple[list[int], int]], dtype: str) -> dict:
     torch.manual_seed(0)
     attn = "paged|sdpa" if device == "cuda" else "sdpa"
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype), attn_implementation=attn).to(device).eval()
-    gen_kw = dict(do_sample=False, eos_token_id=-1, pad_token_id=0)
+    gen_kw = dict(do_sample=temperature > 0, eos_token_id=-1, pad_token_id=0)
+    if temperature > 0:
+        gen_kw["temperature"] = temperature
     t0 = time.perf_counter()
     tokens = 0
     mode = "generate_batch"
@@ -132,6 +137,9 @@ def main() -> None:
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--temperature", type=float, default=0.6, help="nano-vllm's workload samples at 0.6; 0 = greedy")
+    ap.add_argument("-O", "--optimization-level", type=int, default=None)
+    ap.add_argument("--enforce-eager", action="store_true")
     ap.add_argument("--smoke", action="store_true", help="tiny model, few short requests (runs on CPU)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -146,9 +154,15 @@ def main() -> None:
     reqs = workload(args.num_requests, args.min_len, args.max_len, shape["vocab_size"], args.seed)
     max_len = 2 * args.max_len + 16
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-    ours = run_host(path, reqs, args.dtype, args.max_num_seqs, args.max_num_batched_tokens, max_len)
-    print(f"host:         {ours['output_tokens_per_s']:10.1f} output tok/s ({ours['output_tokens']} tokens in {ours['elapsed_s']:.1f} s, {ours['attention_backend']})")
-    peer = run_peer(path, reqs[: args.peer_requests], args.dtype)
+    extra = {}
+    if args.optimization_level is not None:
+        extra["optimization_level"] = args.optimization_level
+    if args.enforce_eager:
+        extra["enforce_eager"] = True
+    ours = run_host(path, reqs, args.dtype, args.max_num_seqs, args.max_num_batched_tokens, max_len, args.temperature, extra)
+    print(f"host:         {ours['output_tokens_per_s']:10.1f} output tok/s ({ours['output_tokens']} tokens in {ours['elapsed_s']:.1f} s, "
+          f"{ours['attention_backend']}; {ours['compilation']}; {ours['graph_replays']} graph replays)")
+    peer = run_peer(path, reqs[: args.peer_requests], args.dtype, args.temperature)
     print(f"transformers: {peer['output_tokens_per_s']:10.1f} output tok/s ({peer['output_tokens']} tokens in {peer['elapsed_s']:.1f} s, {peer['mode']}, {args.peer_requests} requests)")
     ratio = ours["output_tokens_per_s"] / peer["output_tokens_per_s"]
     print(f"ratio host / transformers: {ratio:.2f}x")
@@ -168,7 +182,7 @@ def main() -> None:
         "model": "Qwen3-0.6B-shaped, random weights" if not args.smoke else "tiny Qwen3 (smoke)",
         "dtype": args.dtype,
         "workload": {"num_requests": args.num_requests, "len_range": [args.min_len, args.max_len], "ignore_eos": True,
-                     "peer_requests": args.peer_requests},
+                     "peer_requests": args.peer_requests, "temperature": args.temperature},
         "torch": torch.__version__,
         "host_output_tokens_per_s": ours["output_tokens_per_s"],
         "peer_output_tokens_per_s": peer["output_tokens_per_s"],
