@@ -3,8 +3,9 @@
 One kernel launch per layer writes the new K/V through the slot mapping
 (:func:`reshape_and_cache`), a second attends every query token over its request's pages
 (:func:`paged_attention`: varlen prompts, chunks after prefix-cache hits and single decode tokens
-in one grid). A batch of decodes only whose longest sequence exceeds ``SPLIT_DECODE_MIN_LEN``
-uses the split-K decode kernel instead, so a few long sequences still fill the GPU.
+in one grid). A batch of decodes only uses the decode kernel instead: one program per (request,
+KV head, span) with the KV head's query heads as matmul rows (K/V read once per GQA group), and
+split-K over the sequence when the batch alone would not fill the GPU.
 
 The backend runs on CUDA devices (and ROCm, whose torch reports ``cuda`` devices). Under
 ``TRITON_INTERPRET=1`` it also accepts CPU tensors, which is how the engine-level tests run it
@@ -26,9 +27,6 @@ from host.sdk.attention import (
     CommonAttentionMetadata,
     MultipleOf,
 )
-
-SPLIT_DECODE_MIN_LEN = 512
-
 
 @dataclass
 class TritonAttentionMetadata:
@@ -79,7 +77,7 @@ class TritonPagedAttentionImpl(AttentionImpl):
         k_cache, v_cache = kv_cache[0], kv_cache[1]
         tk.reshape_and_cache(key[:n], value[:n], k_cache, v_cache, md.slot_mapping)
         q = query[:n]
-        if md.max_query_len == 1 and md.max_seq_len >= SPLIT_DECODE_MIN_LEN:
+        if md.max_query_len == 1:  # decodes only: the GQA-grouped split-K kernel
             tk.paged_decode_split(
                 q, k_cache, v_cache, md.block_table, md.seq_lens, self.scale, self.sliding_window,
                 max_seq_len=md.max_seq_len, out=output[:n],

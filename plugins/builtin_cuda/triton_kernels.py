@@ -129,11 +129,13 @@ if HAS_TRITON:
         q_stride_t, q_stride_h,
         c_stride_b, c_stride_s, c_stride_h,
         bt_stride, block_size, num_splits,
-        NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+        NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+        BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, UPCAST: tl.constexpr,
     ):
+        # one program per (request, KV head, span): the GROUP query heads sharing the KV head
+        # are the rows of one matmul, so each K/V tile is read once for all of them
         r = tl.program_id(0)
-        h = tl.program_id(1)
+        kvh = tl.program_id(1)
         sp = tl.program_id(2)
         seq_len = tl.load(seq_lens_ptr + r)
         start = 0
@@ -141,32 +143,42 @@ if HAS_TRITON:
             start = tl.maximum(0, seq_len - window)
         lo = start + sp * span
         hi = tl.minimum(seq_len, lo + span)
-        kvh = h // (NUM_HEADS // NUM_KV_HEADS)
+        offs_g = tl.arange(0, BLOCK_G)
+        mask_g = offs_g < GROUP
+        heads = kvh * GROUP + offs_g
         offs_d = tl.arange(0, BLOCK_D)
         mask_d = offs_d < HEAD_DIM
-        q = tl.load(q_ptr + r * q_stride_t + h * q_stride_h + offs_d, mask=mask_d, other=0.0).to(tl.float32)
-        m_i = -1.0e30
-        l_i = 0.0
-        acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+        q = tl.load(
+            q_ptr + r * q_stride_t + heads[:, None] * q_stride_h + offs_d[None, :],
+            mask=mask_g[:, None] & mask_d[None, :], other=0.0,
+        )
+        if UPCAST:
+            q = q.to(tl.float32)
+        m_i = tl.full([BLOCK_G], -1.0e30, dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
         for start_n in range(lo, hi, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             mask_n = offs_n < hi
             phys = tl.load(block_table_ptr + r * bt_stride + offs_n // block_size, mask=mask_n, other=0).to(tl.int64)
             kv_off = phys * c_stride_b + (offs_n % block_size) * c_stride_s + kvh * c_stride_h
-            k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=mask_n[:, None] & mask_d[None, :], other=0.0).to(tl.float32)
-            v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=mask_n[:, None] & mask_d[None, :], other=0.0).to(tl.float32)
-            s = tl.sum(k * q[None, :], 1) * scale
-            s = tl.where(mask_n, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 0))
+            k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+            v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+            if UPCAST:
+                k = k.to(tl.float32)
+                v = v.to(tl.float32)
+            s = tl.dot(q, tl.trans(k), input_precision="ieee").to(tl.float32) * scale
+            s = tl.where(mask_n[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
             alpha = tl.exp(m_i - m_new)
-            p = tl.exp(s - m_new)
-            l_i = l_i * alpha + tl.sum(p, 0)
-            acc = acc * alpha + tl.sum(p[:, None] * v, 0)
+            p = tl.exp(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee").to(tl.float32)
             m_i = m_new
-        idx = (r * NUM_HEADS + h) * num_splits + sp
-        tl.store(part_m_ptr + idx, m_i)
-        tl.store(part_l_ptr + idx, l_i)
-        tl.store(part_acc_ptr + idx * HEAD_DIM + offs_d, acc, mask=mask_d)
+        idx = (r * NUM_HEADS + heads) * num_splits + sp
+        tl.store(part_m_ptr + idx, m_i, mask=mask_g)
+        tl.store(part_l_ptr + idx, l_i, mask=mask_g)
+        tl.store(part_acc_ptr + idx[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=mask_g[:, None] & mask_d[None, :])
 
     @triton.jit
     def _decode_merge_kernel(
@@ -333,7 +345,13 @@ def paged_decode_split(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query token per request (``query`` [R, H, D]) over its whole context, split into
-    spans of ``span`` positions computed in parallel and merged (flash-decoding)."""
+    spans of at least ``span`` positions computed in parallel and merged (flash-decoding).
+
+    A program handles one (request, KV head, span) and all the query heads of that KV head's
+    group as the rows of its matmuls, so K/V are read once per group (GQA), not once per query
+    head. The number of spans depends only on ``R``, the head counts and ``max_seq_len``, never
+    on the values in ``seq_lens``, so a launch captured in a graph with ``max_seq_len`` set to
+    the model's limit is valid for any later batch of that size."""
     _require_triton()
     R, H, D = query.shape
     out = torch.empty_like(query) if out is None else out
@@ -342,22 +360,25 @@ def paged_decode_split(
     longest = int(max_seq_len if max_seq_len is not None else seq_lens.max())
     if sliding_window:
         longest = min(longest, int(sliding_window))
-    # enough (request, head, span) programs to fill the device, never spans under ``span``:
-    # a big batch needs no split, a single long sequence gets many
-    wanted = max(1, -(-SPLIT_TARGET_PROGRAMS // (R * H)))
+    # enough (request, KV head, span) programs to fill the device, never spans under
+    # ``span``: a big batch needs no split, a single long sequence gets many
+    KVH = k_cache.shape[2]
+    group = H // KVH
+    wanted = max(1, -(-SPLIT_TARGET_PROGRAMS // (R * KVH)))
     splits = max(1, min(math.ceil(longest / span), wanted))
     span = -(-math.ceil(longest / splits) // 32) * 32
     part_m = torch.empty(R * H * splits, dtype=torch.float32, device=query.device)
     part_l = torch.empty_like(part_m)
     part_acc = torch.empty(R * H * splits * D, dtype=torch.float32, device=query.device)
     block_d = max(16, _next_pow2(D))
-    _decode_split_kernel[(R, H, splits)](
+    _decode_split_kernel[(R, KVH, splits)](
         query, k_cache, v_cache, block_table, seq_lens, part_m, part_l, part_acc,
         float(scale), int(sliding_window or 0), span,
         query.stride(0), query.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_table.stride(0), k_cache.shape[1], splits,
-        NUM_HEADS=H, NUM_KV_HEADS=k_cache.shape[2], HEAD_DIM=D, BLOCK_N=32, BLOCK_D=block_d,
+        NUM_HEADS=H, GROUP=group, HEAD_DIM=D, BLOCK_G=max(16, _next_pow2(group)), BLOCK_N=32, BLOCK_D=block_d,
+        UPCAST=_upcast(query),
     )
     _decode_merge_kernel[(R, H)](
         part_m, part_l, part_acc, out, out.stride(0), out.stride(1), splits,

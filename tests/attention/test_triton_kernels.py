@@ -71,8 +71,10 @@ def test_paged_attention_bf16_kv():
 
 
 @pytest.mark.parametrize("window", [None, 40])
-def test_split_decode_matches_reference(window):
-    q, kc, vc, table, qsl, seq = make_paged([130, 7, 64], [1, 1, 1], 4, 2, 32, 16, seed=5)
+@pytest.mark.parametrize("heads, kv_heads", [(4, 2), (4, 4), (6, 2), (8, 1)])
+def test_split_decode_matches_reference(window, heads, kv_heads):
+    """GQA-grouped decode (group sizes 2, 1, 3 and 8), several spans per request."""
+    q, kc, vc, table, qsl, seq = make_paged([130, 7, 64], [1, 1, 1], heads, kv_heads, 32, 16, seed=5)
     scale = 32**-0.5
     got = tk.paged_decode_split(q, kc, vc, table, seq, scale, window, span=32)
     want = tk.paged_attention_ref(q.cpu(), kc.cpu(), vc.cpu(), table.cpu(), qsl.cpu(), seq.cpu(), scale, window)
