@@ -143,9 +143,10 @@ def platform_cmd(
     for key, value in res.platform.describe().items():
         console.print(f"  {key}: {value}")
     table = Table(title="platform probes")
-    for col in ("platform", "plugin", "source", "detected", "error"):
+    for col in ("platform", "plugin", "source", "detected", "why / error"):
         table.add_column(col)
     for p in res.probes:
-        table.add_row(p.name, p.plugin.split(":", 1)[-1], "builtin" if p.builtin else "third-party", str(p.detected), p.error)
+        why = "; ".join(x for x in (p.reason, p.error) if x)
+        table.add_row(p.name, p.plugin.split(":", 1)[-1], "builtin" if p.builtin else "third-party", str(p.detected), why)
     console.print(table)
     sys.stdout.flush()

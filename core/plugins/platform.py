@@ -9,7 +9,9 @@ Rules, in order:
 4. Among built-ins, ``cuda`` and ``rocm`` are preferred over ``cpu``.
 
 A ``detect()`` that raises counts as "not here", and the exception is kept in the resolution so
-``host platform`` shows it instead of hiding it.
+``host platform`` shows it instead of hiding it. A platform class may also offer a
+``detection_reason()`` classmethod returning one line on why it was or was not detected
+("torch is not a ROCm build ..."); ``host platform`` prints it next to the probe.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ class PlatformProbe:
     builtin: bool
     detected: bool
     error: str = ""
+    reason: str = ""  # the platform's own explanation (``detection_reason()``), if it gives one
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -49,6 +52,7 @@ class PlatformProbe:
             "builtin": self.builtin,
             "detected": self.detected,
             "error": self.error,
+            "reason": self.reason,
         }
 
 
@@ -82,8 +86,19 @@ def probe_platforms(host: PluginHost) -> tuple[list[PlatformProbe], dict[str, ty
         except Exception as exc:  # noqa: BLE001 - recorded and shown, not swallowed
             detected, error = False, f"{type(exc).__name__}: {exc}"
             logger.warning("platform %s: detect() raised %s", name, error)
-        probes.append(PlatformProbe(name, plugin, builtin, detected, error))
+        probes.append(PlatformProbe(name, plugin, builtin, detected, error, _detection_reason(cls)))
     return probes, registry
+
+
+def _detection_reason(cls: type[Platform]) -> str:
+    """The class's ``detection_reason()``, or ``""`` when it has none (or it raises)."""
+    explain = getattr(cls, "detection_reason", None)
+    if not callable(explain):
+        return ""
+    try:
+        return str(explain() or "")
+    except Exception as exc:  # noqa: BLE001 - an explanation must not break resolution
+        return f"detection_reason() raised {type(exc).__name__}: {exc}"
 
 
 def resolve_platform(host: PluginHost, forced: str | None = None) -> PlatformResolution:
@@ -96,7 +111,10 @@ def resolve_platform(host: PluginHost, forced: str | None = None) -> PlatformRes
             plugin_name = probe.plugin.split(":", 1)[-1]
             if forced in (probe.name, plugin_name):
                 cls = registry[probe.name]
-                note = "" if probe.detected else " (its detect() said the hardware is not here)"
+                note = ""
+                if not probe.detected:
+                    why = f": {probe.reason or probe.error}" if (probe.reason or probe.error) else ""
+                    note = f" (its detect() said the hardware is not here{why})"
                 return PlatformResolution(cls(), f"forced by --platform / HOST_PLATFORM={forced}{note}", probes)
         raise PlatformResolutionError(
             f"--platform / HOST_PLATFORM={forced!r} matches no registered platform; "
