@@ -77,6 +77,12 @@ class Platform:
         """
         return False
 
+    @classmethod
+    def detection_reason(cls) -> str:
+        """One line on why :meth:`detect` answers as it does, for ``host platform`` (``""``:
+        nothing to add). Cheap and side-effect free, like ``detect``."""
+        return ""
+
     # -- family checks -----------------------------------------------------------------------
 
     def is_cuda(self) -> bool:

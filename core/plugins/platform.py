@@ -91,12 +91,10 @@ def probe_platforms(host: PluginHost) -> tuple[list[PlatformProbe], dict[str, ty
 
 
 def _detection_reason(cls: type[Platform]) -> str:
-    """The class's ``detection_reason()``, or ``""`` when it has none (or it raises)."""
-    explain = getattr(cls, "detection_reason", None)
-    if not callable(explain):
-        return ""
+    """The class's ``detection_reason()`` (``""`` from the base class); an exception in it is
+    reported as the reason instead of breaking resolution."""
     try:
-        return str(explain() or "")
+        return str(cls.detection_reason() or "")
     except Exception as exc:  # noqa: BLE001 - an explanation must not break resolution
         return f"detection_reason() raised {type(exc).__name__}: {exc}"
 

@@ -27,6 +27,10 @@ class CpuPlatform(Platform):
     def detect(cls) -> bool:
         return True
 
+    @classmethod
+    def detection_reason(cls) -> str:
+        return f"always available ({os.cpu_count()} CPU threads); the fallback when no accelerator platform is detected"
+
     def check_and_update_config(self, config: Any) -> None:
         dtype = getattr(config, "dtype", None)
         if dtype is not None and str(dtype).replace("torch.", "") not in self.supported_dtypes:

@@ -34,6 +34,19 @@ class CudaPlatform(Platform):
             return False
         return bool(torch.cuda.is_available())
 
+    @classmethod
+    def detection_reason(cls) -> str:
+        import torch
+
+        if getattr(torch.version, "hip", None):
+            return "torch is a ROCm (HIP) build: the rocm platform serves it"
+        if not torch.cuda.is_available():
+            cuda = getattr(torch.version, "cuda", None)
+            if cuda is None:
+                return "torch is a CPU-only build (torch.version.cuda is None)"
+            return f"torch {torch.__version__} (CUDA {cuda}) sees no GPU (check the driver and CUDA_VISIBLE_DEVICES)"
+        return f"{torch.cuda.device_count()} CUDA device(s): {torch.cuda.get_device_name(0)}"
+
     def check_and_update_config(self, config: Any) -> None:
         import torch
 

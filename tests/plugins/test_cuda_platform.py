@@ -72,3 +72,18 @@ def test_graph_capture_wiring(monkeypatch):
     from host.plugins.builtin_cuda.attention import TritonPagedAttentionBackend
 
     assert TritonPagedAttentionBackend.supports_cuda_graphs and not TorchPagedAttentionBackend.supports_cuda_graphs
+
+
+def test_detection_reason(monkeypatch):
+    monkeypatch.setattr(torch.version, "hip", None, raising=False)
+    monkeypatch.setattr(torch.version, "cuda", None, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert "CPU-only build" in CudaPlatform.detection_reason()
+    monkeypatch.setattr(torch.version, "cuda", "13.0", raising=False)
+    assert "sees no GPU" in CudaPlatform.detection_reason()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H200")
+    assert CudaPlatform.detect() and "1 CUDA device(s): NVIDIA H200" in CudaPlatform.detection_reason()
+    monkeypatch.setattr(torch.version, "hip", "6.4", raising=False)
+    assert not CudaPlatform.detect() and "ROCm" in CudaPlatform.detection_reason()
