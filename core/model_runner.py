@@ -228,6 +228,7 @@ class ModelRunner:
         self.model.eval()
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         self.platform.prepare_model(self.model, self.config)
+        self.sampler = Sampler(draw_kernel=self.platform.sampling_kernel(self.config))
         self._maybe_compile()
         logger.info(
             "Loaded %s (%s) with attention backend %s",

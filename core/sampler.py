@@ -96,7 +96,11 @@ class Sampler:
     ``host.plugins.builtin_cuda.triton_sampling.sample`` (logits, temperature, top_k, top_p,
     min_p, uniforms -> token ids) that a platform supplies: with it, rows that are not greedy
     are drawn on the device with no host synchronisation (the greedy rows take the argmax in
-    the same pass). Without it the torch path below runs on any device."""
+    the same launch). Without it the torch path below runs on any device.
+
+    The kernel draws from the same distribution as :func:`draw` but walks the kept tokens in
+    vocabulary order, so a seeded request gets different (equally distributed) tokens with
+    and without it; with it, seeded results reproduce on the same platform and settings."""
 
     def __init__(self, draw_kernel: Any = None) -> None:
         self.draw_kernel = draw_kernel
@@ -117,9 +121,9 @@ class Sampler:
         if md.all_greedy:
             return logits.argmax(dim=-1)
         temperature = md.temperature.to(logits.device)
-        is_greedy = temperature < _GREEDY_EPS
         if self.draw_kernel is not None:
-            return self._sample_with_kernel(logits, md, temperature, is_greedy)
+            return self._sample_with_kernel(logits, md, temperature)
+        is_greedy = temperature < _GREEDY_EPS
         dev = logits.device
         out = torch.empty(logits.shape[0], dtype=torch.int64, device=dev)
         rows = torch.arange(logits.shape[0], device=dev) if md.all_random else torch.nonzero(~is_greedy).squeeze(1)
@@ -132,13 +136,10 @@ class Sampler:
         out[rows] = draw(sub, temperature if md.all_random else temperature[rows], pick(md.min_p), pick(md.top_k), pick(md.top_p), gens)
         return out
 
-    def _sample_with_kernel(
-        self, logits: torch.Tensor, md: SamplingMetadata, temperature: torch.Tensor, is_greedy: torch.Tensor
-    ) -> torch.Tensor:
-        """Every row through the device kernel (greedy rows at temperature 1, then replaced by
-        the argmax): the same grid whatever the batch mix, and nothing read back."""
+    def _sample_with_kernel(self, logits: torch.Tensor, md: SamplingMetadata, temperature: torch.Tensor) -> torch.Tensor:
+        """Every row through the device kernel, greedy rows included (it takes their argmax):
+        one launch whatever the batch mix, and nothing read back."""
         batch, dev = logits.shape[0], logits.device
-        temp = torch.where(is_greedy, torch.ones_like(temperature), temperature)
         k = md.top_k if md.top_k is not None else torch.zeros(batch, dtype=torch.int64, device=dev)
         p = md.top_p if md.top_p is not None else torch.ones(batch, device=dev)
         mp = md.min_p if md.min_p is not None else torch.zeros(batch, device=dev)
@@ -146,10 +147,7 @@ class Sampler:
             u = _uniforms(batch, md.generators).to(dev, non_blocking=True)
         else:
             u = torch.rand(batch, dtype=torch.float64, device=dev)
-        sampled = self.draw_kernel(logits, temp, k, p, mp, u)
-        if md.all_random:
-            return sampled
-        return torch.where(is_greedy, logits.argmax(dim=-1), sampled)
+        return self.draw_kernel(logits, temperature, k, p, mp, u)
 
 
 def _remap(generators: dict[int, torch.Generator], rows: torch.Tensor) -> dict[int, torch.Generator]:

@@ -70,6 +70,15 @@ class CudaPlatform(Platform):
 
             attach_triton_ops(model)
 
+    def sampling_kernel(self, config: Any) -> Any:
+        """With custom ops on, the sampler draws with the Triton kernel (temperature, min-p,
+        top-k, top-p and the inverse-CDF draw in one launch per step, nothing read back)."""
+        if not config.compilation.custom_ops:
+            return None
+        from host.plugins.builtin_cuda.triton_sampling import sample
+
+        return sample
+
     def can_capture_graphs(self) -> bool:
         import torch
 
