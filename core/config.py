@@ -92,6 +92,8 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0  # 0: no cap per request per step
     policy: str = "fcfs"
+    # plan step N+1 while step N runs on the device (EngineArgs: on for accelerators by default)
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:

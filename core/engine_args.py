@@ -43,6 +43,7 @@ class EngineArgs:
     torch_compile: bool | None = None
     cuda_graphs: bool | None = None
     cuda_graph_sizes: list[int] | None = None
+    async_scheduling: bool | None = None  # None: on where the device runs asynchronously (not the CPU)
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> "EngineArgs":
@@ -111,6 +112,7 @@ class EngineArgs:
                 enable_chunked_prefill=self.enable_chunked_prefill,
                 long_prefill_token_threshold=self.long_prefill_token_threshold,
                 policy=self.scheduling_policy,
+                async_scheduling=self.async_scheduling if self.async_scheduling is not None else platform.device_type != "cpu",
             ),
             parallel=ParallelConfig(distributed_executor_backend=self.distributed_executor_backend),
             attention_backend=self.attention_backend,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-from typing import Iterable
+from typing import Any, Iterable
 
 from host.core.config import EngineConfig
 from host.core.kv_cache.manager import KVCacheManager
@@ -61,6 +61,11 @@ class EngineCore:
         )
         self.scheduler = Scheduler(config.scheduler, cache, self.kv_cache_manager)
         self._structured_output_manager: StructuredOutputManager | None = None
+        # asynchronous scheduling: the step launched last, whose output is not processed yet
+        self.async_scheduling = bool(config.scheduler.async_scheduling)
+        self._in_flight: tuple[SchedulerOutput, Any] | None = None
+        if self.async_scheduling:
+            logger.info("Asynchronous scheduling: each step is planned while the previous one runs")
 
     def add_request(self, request: Request) -> None:
         """Queue a request; its sampling params are checked against the model first (token ids
@@ -115,10 +120,49 @@ class EngineCore:
         self.scheduler.finish_requests(list(request_ids), status)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return self.scheduler.has_unfinished_requests() or self._in_flight is not None
 
     def step(self) -> EngineCoreOutputs:
-        """Schedule, execute and update once; returns the new tokens of every request."""
+        """Schedule, execute and update once; returns the new tokens of every request.
+
+        With asynchronous scheduling a step launches step N+1 and then processes step N's
+        output, so planning and output handling overlap the device's work; the outputs lag one
+        step. While any request's sampling depends on its own history (``needs_history``:
+        penalties, bad words, min_tokens, seeds, grammars), steps run one at a time."""
+        if self.async_scheduling and not self._needs_sync():
+            return self._step_async()
+        if self._in_flight is not None:
+            return self._finish_in_flight()
+        return self._step_sync()
+
+    def _needs_sync(self) -> bool:
+        return any(r.sampling_params.needs_history for r in self.scheduler.requests.values())
+
+    def _finish_in_flight(self) -> EngineCoreOutputs:
+        scheduler_output, handle = self._in_flight
+        self._in_flight = None
+        return self.scheduler.update_from_output(scheduler_output, handle.get_output())
+
+    def _step_async(self) -> EngineCoreOutputs:
+        scheduler_output = self.scheduler.schedule()
+        if scheduler_output.total_num_scheduled_tokens == 0:
+            if scheduler_output.finished_req_ids or scheduler_output.preempted_req_ids:
+                self.executor.execute_model(scheduler_output)  # the runner must drop them
+            if self._in_flight is not None:
+                outputs = self._finish_in_flight()
+            else:
+                self._wait_for_grammars()
+                outputs = EngineCoreOutputs(outputs=[])
+            empty = ModelRunnerOutput(req_ids=[], req_id_to_index={}, sampled_token_ids=[])
+            rest = self.scheduler.update_from_output(scheduler_output, empty)  # capped / failed requests
+            return EngineCoreOutputs(outputs=outputs.outputs + rest.outputs, scheduler_stats=rest.scheduler_stats)
+        handle = self.executor.execute_model(scheduler_output, non_blocking=True)
+        previous, self._in_flight = self._in_flight, (scheduler_output, handle)
+        if previous is None:
+            return EngineCoreOutputs(outputs=[], scheduler_stats=self.scheduler.make_stats())
+        return self.scheduler.update_from_output(previous[0], previous[1].get_output())
+
+    def _step_sync(self) -> EngineCoreOutputs:
         scheduler_output = self.scheduler.schedule()
         if scheduler_output.total_num_scheduled_tokens == 0:
             if scheduler_output.finished_req_ids or scheduler_output.preempted_req_ids:

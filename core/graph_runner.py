@@ -105,10 +105,12 @@ class DecodeGraphs:
         slot_mapping: np.ndarray,
         seq_lens: np.ndarray,
         block_table: np.ndarray,
+        fill: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Replay the graph for ``len(input_ids)`` decodes (one token per request) and return
         their hidden states ``[n, hidden]``. The arrays are host-side; they are copied into the
-        persistent buffers (through pinned memory on an accelerator)."""
+        persistent buffers (through pinned memory on an accelerator); ``fill`` = (indices, ids)
+        then overwrites token ids still in flight from the previous step, on the device."""
         n = len(input_ids)
         b = self.size_for(n)
         assert b is not None, f"{n} decodes exceed the largest graph ({self.max_size})"
@@ -119,6 +121,8 @@ class DecodeGraphs:
         stage.copy_into(self.seq_lens[:n], "seq", seq_lens.astype(np.int32, copy=False))
         nb = block_table.shape[1]
         stage.copy_into(self.block_table[:n, :nb], "blocks", block_table)
+        if fill is not None:
+            self.input_ids[fill[0]] = fill[1]
         if b > n:  # padding rows: no KV write, one position attended, output dropped
             self.input_ids[n:b].zero_()
             self.positions[n:b].zero_()

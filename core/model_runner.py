@@ -45,6 +45,7 @@ class StepInputs:
     ``req_indices[t]``; request ``i`` owns ``query_start_loc[i]:query_start_loc[i+1]``."""
 
     req_ids: list[str]
+    rows: np.ndarray  # int64 [num_reqs]: each request's row in the persistent batch
     num_scheduled: np.ndarray  # int64 [num_reqs]
     input_ids: np.ndarray  # int64 [num_tokens]
     positions: np.ndarray  # int64 [num_tokens]
@@ -52,6 +53,8 @@ class StepInputs:
     query_start_loc: np.ndarray  # int32 [num_reqs + 1]
     seq_lens: np.ndarray  # int32 [num_reqs]
     block_table: np.ndarray  # int32 [num_reqs, max_blocks] (a view of the persistent batch)
+    # (flat token indices, rows of the previous step's sampled ids) for tokens still in flight
+    placeholders: tuple[np.ndarray, np.ndarray] | None = None
 
 
 class HostStaging:
@@ -85,6 +88,56 @@ class HostStaging:
 
     def copy_into(self, dst: torch.Tensor, name: str, array: np.ndarray) -> None:
         dst.copy_(self._host(name, array), non_blocking=True)
+
+
+class PendingStep:
+    """A launched step whose sampled token ids are on their way to the host: the copy goes to
+    pinned memory asynchronously, and :meth:`get_output` waits for it (an event, not a device
+    synchronisation), then records the tokens in the persistent batch."""
+
+    def __init__(self, runner: "ModelRunner", req_ids: list[str], final: np.ndarray, logprobs_k: list[int | None],
+                 result: Any, prompt_logprobs: dict[str, list[TokenLogprobs]], timing: tuple[float, float, int]) -> None:
+        self.runner = runner
+        self.req_ids = req_ids
+        self.final = final
+        self.logprobs_k = logprobs_k
+        self.logprobs = result.logprobs
+        self.prompt_logprobs = prompt_logprobs
+        self.timing = timing
+        ids = result.sampled_token_ids
+        self._event = None
+        if ids.device.type == "cpu":
+            self._host = ids
+        else:
+            self._host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
+            self._host.copy_(ids, non_blocking=True)
+            self._event = getattr(torch, ids.device.type).Event()
+            self._event.record()
+        self._output: ModelRunnerOutput | None = None
+
+    def get_output(self) -> ModelRunnerOutput:
+        if self._output is not None:
+            return self._output
+        if self._event is not None:
+            self._event.synchronize()  # the step's one wait for the device
+        sampled = self._host.tolist()
+        lp = self.logprobs
+        if lp is not None and lp.token_ids.device.type != "cpu":
+            lp = LogprobsTensors(lp.token_ids.cpu(), lp.logprobs.cpu(), lp.ranks.cpu())
+        t_sampled = time.perf_counter()
+        sampled_lists, logprob_lists = self.runner._record_step(self.req_ids, self.final, sampled, self.logprobs_k, lp)
+        runner = self.runner
+        if runner.step_timings is not None:
+            t_start, t_sample, num_tokens = self.timing
+            runner.step_timings.append(StepTiming(len(self.req_ids), num_tokens, t_sampled - t_sample, time.perf_counter() - t_start))
+        self._output = ModelRunnerOutput(
+            req_ids=self.req_ids,
+            req_id_to_index={r: i for i, r in enumerate(self.req_ids)},
+            sampled_token_ids=sampled_lists,
+            logprobs=logprob_lists if any(x is not None for x in logprob_lists) else None,
+            prompt_logprobs=self.prompt_logprobs,
+        )
+        return self._output
 
 
 @dataclass
@@ -205,6 +258,9 @@ class ModelRunner:
         self.sampler = Sampler()
         self._forward: Any = None  # the model, or its compiled forward (-O3)
         self.staging = HostStaging(device)
+        # the last step's sampled ids (on the device) and each request's row in them
+        self._prev_sampled: tuple[torch.Tensor, dict[str, int]] | None = None
+        self.num_in_flight_tokens = 0  # inputs taken from the device (asynchronous scheduling)
         self.decode_graphs: DecodeGraphs | None = None
         self._attention_layers: dict[int, Any] = {}
         # set to a list to record a StepTiming per step (benchmarks read it)
@@ -372,15 +428,24 @@ class ModelRunner:
         """The step's flattened inputs as host arrays, built with vectorised numpy."""
         batch = self.input_batch
         assert batch is not None
-        num_reqs = batch.num_reqs
-        req_ids = [r for r in batch.req_ids[:num_reqs]]
-        num_scheduled = np.array([so.num_scheduled_tokens[r] for r in req_ids], dtype=np.int64)
+        scheduled = so.num_scheduled_tokens
+        live = batch.req_ids[: batch.num_reqs]
+        if len(scheduled) == len(live):
+            rows = np.arange(len(live))
+            req_ids = list(live)
+        else:
+            # a running request can sit a step out (asynchronous scheduling: its token in flight
+            # already ends it); the step covers the scheduled rows only
+            rows = np.array([i for i, r in enumerate(live) if r in scheduled], dtype=np.int64)
+            req_ids = [live[i] for i in rows]
+        num_reqs = len(req_ids)
+        num_scheduled = np.array([scheduled[r] for r in req_ids], dtype=np.int64)
         total = int(num_scheduled.sum())
         cu = np.cumsum(num_scheduled)
-        req_indices = np.repeat(np.arange(num_reqs), num_scheduled)
+        req_indices = np.repeat(rows, num_scheduled)  # the batch row of each token
         offsets = np.arange(total) - np.repeat(cu - num_scheduled, num_scheduled)
-        computed = batch.num_computed_tokens[:num_reqs]
-        positions = computed[req_indices] + offsets
+        computed = batch.num_computed_tokens[rows]
+        positions = batch.num_computed_tokens[req_indices] + offsets
         flat_index = req_indices * batch.max_model_len + positions
         input_ids = batch.token_ids.reshape(-1)[flat_index]
         block_numbers = batch.block_table[req_indices, positions // self.block_size]
@@ -388,16 +453,28 @@ class ModelRunner:
         query_start_loc = np.zeros(num_reqs + 1, dtype=np.int32)
         query_start_loc[1:] = cu
         seq_lens = (computed + num_scheduled).astype(np.int32)
-        max_blocks = int(batch.num_blocks[:num_reqs].max()) if num_reqs else 0
+        max_blocks = int(batch.num_blocks[rows].max()) if num_reqs else 0
+        # input tokens the previous step sampled but the host has not seen yet (asynchronous
+        # scheduling): their ids are taken from that step's device tensor
+        in_flight = positions >= batch.num_tokens[req_indices]
+        placeholders = None
+        if in_flight.any():
+            prev_ids, prev_rows = self._prev_sampled
+            flat = np.flatnonzero(in_flight)
+            src = np.array([prev_rows[live[r]] for r in req_indices[flat]], dtype=np.int64)
+            placeholders = (flat, src)
+        block_table = batch.block_table[:num_reqs, :max_blocks] if num_reqs == len(live) else batch.block_table[rows, :max_blocks]
         return StepInputs(
             req_ids=req_ids,
+            rows=rows,
             num_scheduled=num_scheduled,
             input_ids=input_ids,
             positions=positions,
             slot_mapping=slot_mapping,
             query_start_loc=query_start_loc,
             seq_lens=seq_lens,
-            block_table=batch.block_table[:num_reqs, :max_blocks],
+            block_table=block_table,
+            placeholders=placeholders,
         )
 
     def _attention_metadata(self, inputs: StepInputs) -> CommonAttentionMetadata:
@@ -419,25 +496,41 @@ class ModelRunner:
             seq_lens_cpu=torch.from_numpy(inputs.seq_lens),
         )
 
+    def _in_flight_ids(self, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(indices into the step's input ids, the ids) for tokens sampled by the previous step
+        that the host has not read back: a gather on the device, no wait."""
+        if inputs.placeholders is None:
+            return None
+        flat, src = inputs.placeholders
+        prev_ids = self._prev_sampled[0]
+        self.num_in_flight_tokens += len(flat)
+        return self.staging.to_device("fill_at", flat), prev_ids[self.staging.to_device("fill_src", src)]
+
     def _run_forward(self, inputs: StepInputs) -> torch.Tensor:
         """Hidden states of the step's tokens: a graph replay for a decode batch that fits one,
         else the (possibly compiled) forward."""
         graphs = self.decode_graphs
         n = len(inputs.req_ids)
+        fill = self._in_flight_ids(inputs)
         if graphs is not None and len(inputs.input_ids) == n and graphs.size_for(n) is not None:
-            return graphs.run(inputs.input_ids, inputs.positions, inputs.slot_mapping, inputs.seq_lens, inputs.block_table)
+            return graphs.run(inputs.input_ids, inputs.positions, inputs.slot_mapping, inputs.seq_lens, inputs.block_table, fill)
         common = self._attention_metadata(inputs)
         if self._attn_builder is None:
             # one builder for the runner's life, so its scratch buffers carry over between steps
             self._attn_builder = self.attn_backend.get_builder_cls()(self.attn_backend, self.device)
         attn_metadata = self._attn_builder.build(common)
         input_ids = self.staging.to_device("ids", inputs.input_ids)
+        if fill is not None:
+            input_ids[fill[0]] = fill[1]
         positions = self.staging.to_device("pos", inputs.positions)
         with set_forward_context(ForwardContext(attn_metadata, self.kv_caches, {"attention_layers": self._attention_layers})):
             return (self._forward if self._forward is not None else self.model)(input_ids, positions)
 
     @torch.inference_mode()
-    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+    def execute_model(self, so: SchedulerOutput, non_blocking: bool = False) -> "ModelRunnerOutput | PendingStep":
+        """Run one step. With ``non_blocking`` the step is launched and a :class:`PendingStep`
+        returned at once; its ``get_output()`` waits for the sampled ids (asynchronous
+        scheduling plans the next step in between). Otherwise the finished output."""
         assert self.model is not None and self.attn_backend is not None and self.input_batch is not None
         t_start = time.perf_counter()
         self._update_states(so)
@@ -452,55 +545,50 @@ class ModelRunner:
         else:
             last_hidden = hidden[self.staging.to_device("last", np.cumsum(num_scheduled) - 1)]
         logits = self.model.compute_logits(last_hidden)
-        num_reqs = batch.num_reqs
-        states = [batch.states[i] for i in range(num_reqs)]
-        computed_before = batch.num_computed_tokens[:num_reqs].copy()
+        rows = inputs.rows
+        states = [batch.states[i] for i in rows]
+        computed_before = batch.num_computed_tokens[rows]
         computed_after = computed_before + num_scheduled
-        # rows whose sample becomes a token (a prefill chunk short of the prompt's end does not)
-        final = computed_after >= batch.num_tokens[:num_reqs]
+        # rows whose sample becomes a token (a prefill chunk short of the prompt's end does not;
+        # the host's token count may lag by tokens still in flight, which only adds "final" rows)
+        final = computed_after >= batch.num_tokens[rows]
         t_sample = time.perf_counter()
         md = make_metadata(states, logits.shape[-1], generators=self._generators(states, final))
         if so.grammar_bitmask is not None:
             self._apply_grammar(md, so, req_ids, logits.shape[-1])
         result = self.sampler(logits, md)
-        sampled = result.sampled_token_ids.tolist()  # the step's one wait for the device
-        if result.logprobs is not None and result.logprobs.token_ids.device.type != "cpu":
-            lp = result.logprobs
-            result.logprobs = LogprobsTensors(lp.token_ids.cpu(), lp.logprobs.cpu(), lp.ranks.cpu())
-        t_sampled = time.perf_counter()
+        self._prev_sampled = (result.sampled_token_ids, {r: i for i, r in enumerate(req_ids)})
         prompt_logprobs = self._prompt_logprobs(hidden, states, computed_before, num_scheduled)
+        step = PendingStep(self, req_ids, final, [s.sampling_params.logprobs for s in states], result, prompt_logprobs,
+                           (t_start, t_sample, int(num_scheduled.sum())))
+        return step if non_blocking else step.get_output()
 
+    def _record_step(
+        self, req_ids: list[str], final: np.ndarray, sampled: list[int], logprobs_k: list[int | None],
+        logprobs: LogprobsTensors | None,
+    ) -> tuple[list[list[int]], list[list[TokenLogprobs] | None]]:
+        """Append each final row's token to the persistent batch (found by request id: with
+        asynchronous scheduling the next step may have moved or dropped the row already)."""
+        batch = self.input_batch
         sampled_lists: list[list[int]] = []
         logprob_lists: list[list[TokenLogprobs] | None] = []
-        for i in range(num_reqs):
-            state = states[i]
+        for i, req_id in enumerate(req_ids):
             if not final[i]:
                 sampled_lists.append([])  # a prefill chunk that did not reach the end yet
                 logprob_lists.append(None)
                 continue
             token = int(sampled[i])
-            n = int(batch.num_tokens[i])
-            if n < batch.max_model_len:
-                batch.token_ids[i, n] = token
-            batch.num_tokens[i] = n + 1
-            state.output_token_ids.append(token)
+            index = batch.req_id_to_index.get(req_id)
+            if index is not None:
+                n = int(batch.num_tokens[index])
+                if n < batch.max_model_len:
+                    batch.token_ids[index, n] = token
+                batch.num_tokens[index] = n + 1
+                batch.states[index].output_token_ids.append(token)
             sampled_lists.append([token])
-            k = state.sampling_params.logprobs
-            if k is not None and result.logprobs is not None:
-                logprob_lists.append([_row_logprobs(result.logprobs, i, k)])
-            else:
-                logprob_lists.append(None)
-        if self.step_timings is not None:
-            self.step_timings.append(
-                StepTiming(num_reqs, int(num_scheduled.sum()), t_sampled - t_sample, time.perf_counter() - t_start)
-            )
-        return ModelRunnerOutput(
-            req_ids=req_ids,
-            req_id_to_index={r: i for i, r in enumerate(req_ids)},
-            sampled_token_ids=sampled_lists,
-            logprobs=logprob_lists if any(x is not None for x in logprob_lists) else None,
-            prompt_logprobs=prompt_logprobs,
-        )
+            k = logprobs_k[i]
+            logprob_lists.append([_row_logprobs(logprobs, i, k)] if k is not None and logprobs is not None else None)
+        return sampled_lists, logprob_lists
 
     @staticmethod
     def _apply_grammar(md: Any, so: SchedulerOutput, req_ids: list[str], vocab: int) -> None:

@@ -44,6 +44,9 @@ class SchedulerOutput:
     # for the requests that sample a token this step
     structured_output_request_ids: list[str] = field(default_factory=list)
     grammar_bitmask: Any = None
+    # requests whose step ends at their last known token, so its sample is their next token
+    # (the rest run a prefill chunk short of the prompt's end)
+    sampling_req_ids: set[str] = field(default_factory=set)
 
     @property
     def is_empty(self) -> bool:
@@ -73,6 +76,10 @@ class ModelRunnerOutput:
     sampled_token_ids: list[list[int]]
     logprobs: list[list[TokenLogprobs] | None] | None = None  # per row, like sampled_token_ids
     prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
+
+    def get_output(self) -> "ModelRunnerOutput":
+        """A finished output is its own step handle (see ``Executor.execute_model``)."""
+        return self
 
 
 @dataclass

@@ -85,6 +85,9 @@ class Request:
 
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
+        # tokens being sampled by steps already launched but not yet returned (asynchronous
+        # scheduling): the next step computes them as inputs before their ids reach the host
+        self.num_output_placeholders = 0
         self.num_cached_tokens = -1
         self.num_preemptions = 0
         self.stop_reason: int | str | None = None
@@ -102,6 +105,11 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.all_token_ids)
+
+    @property
+    def num_tokens_planned(self) -> int:
+        """Tokens the request will have once every launched step has returned."""
+        return len(self.all_token_ids) + self.num_output_placeholders
 
     @property
     def num_output_tokens(self) -> int:

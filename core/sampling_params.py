@@ -234,6 +234,20 @@ class SamplingParams:
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
 
     @property
+    def needs_history(self) -> bool:
+        """Whether sampling this request's next token reads the tokens it generated so far
+        (penalties, bad words, min_tokens, a seeded generator keyed by the output count, a
+        grammar): such a request needs them all on the host before its step is planned, so
+        asynchronous scheduling steps aside while it runs."""
+        return (
+            self.has_penalties
+            or bool(self.bad_words_token_ids)
+            or self.min_tokens > 0
+            or (self.seed is not None and not self.is_greedy)
+            or self.structured_outputs is not None
+        )
+
+    @property
     def max_stop_len(self) -> int:
         return max((len(s) for s in self.stop), default=0)
 

@@ -106,9 +106,10 @@ class Worker:
         assert self.model_runner is not None
         self.model_runner.initialize_kv_cache(num_blocks)
 
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+    def execute_model(self, scheduler_output: SchedulerOutput, non_blocking: bool = False) -> Any:
+        """The step's output, or with ``non_blocking`` a handle whose ``get_output()`` gives it."""
         assert self.model_runner is not None
-        return self.model_runner.execute_model(scheduler_output)
+        return self.model_runner.execute_model(scheduler_output, non_blocking=non_blocking)
 
     def shutdown(self) -> None:
         self.model_runner = None

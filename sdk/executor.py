@@ -34,9 +34,11 @@ class Executor:
     def initialize_kv_cache(self, kv_cache_config: Any) -> None:
         self.collective_rpc("initialize_kv_cache", (kv_cache_config,))
 
-    def execute_model(self, scheduler_output: Any) -> Any:
-        """Run one step; the output of the driver worker (rank 0)."""
-        return self.collective_rpc("execute_model", (scheduler_output,))[0]
+    def execute_model(self, scheduler_output: Any, non_blocking: bool = False) -> Any:
+        """Run one step; the output of the driver worker (rank 0). With ``non_blocking`` the
+        step is launched and a handle returned whose ``get_output()`` waits for the output
+        (asynchronous scheduling); a finished ``ModelRunnerOutput`` is such a handle too."""
+        return self.collective_rpc("execute_model", (scheduler_output,), {"non_blocking": non_blocking})[0]
 
     def check_health(self) -> None:
         """Raise if a worker is gone."""

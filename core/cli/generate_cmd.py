@@ -21,6 +21,7 @@ OptLevelOpt = typer.Option(None, "-O", "--optimization-level", help="0 (eager) t
 EnforceEagerOpt = typer.Option(False, "--enforce-eager", help="No device graphs and no torch.compile, whatever the -O level.")
 CustomOpsOpt = typer.Option(None, "--custom-ops/--no-custom-ops", help="The platform's fused kernels (default: on from -O1).")
 TorchCompileOpt = typer.Option(None, "--torch-compile/--no-torch-compile", help="torch.compile the model (default: on at -O3).")
+AsyncSchedulingOpt = typer.Option(None, "--async-scheduling/--no-async-scheduling", help="Plan each step while the previous one runs (default: on for GPUs).")
 CudaGraphSizesOpt = typer.Option(None, "--cuda-graph-sizes", help="Decode batch sizes to capture as graphs, e.g. 1,2,4,8; 'none' turns graphs off (default: on from -O2 where the platform can capture).")
 
 
@@ -85,6 +86,7 @@ def generate_cmd(
     custom_ops: Optional[bool] = CustomOpsOpt,
     torch_compile: Optional[bool] = TorchCompileOpt,
     cuda_graph_sizes: Optional[str] = CudaGraphSizesOpt,
+    async_scheduling: Optional[bool] = AsyncSchedulingOpt,
     plugins: Optional[str] = typer.Option(None, "--plugins"),
 ) -> None:
     """Complete each PROMPT with the model and print the results."""
@@ -95,7 +97,7 @@ def generate_cmd(
             dtype=dtype, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, kv_cache_memory=_parse_bytes(kv_cache_memory),
             gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=enable_prefix_caching,
-            load_format=load_format,
+            load_format=load_format, async_scheduling=async_scheduling,
         ), **_compilation_kwargs(optimization_level, enforce_eager, custom_ops, torch_compile, cuda_graph_sizes))
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature)
         outputs = llm.generate(list(prompt), params)

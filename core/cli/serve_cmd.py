@@ -15,6 +15,7 @@ from typing import Any, Optional
 import typer
 
 from host.core.cli.generate_cmd import (
+    AsyncSchedulingOpt,
     CudaGraphSizesOpt,
     CustomOpsOpt,
     DtypeOpt,
@@ -56,6 +57,7 @@ def serve_cmd(
     custom_ops: Optional[bool] = CustomOpsOpt,
     torch_compile: Optional[bool] = TorchCompileOpt,
     cuda_graph_sizes: Optional[str] = CudaGraphSizesOpt,
+    async_scheduling: Optional[bool] = AsyncSchedulingOpt,
     log_level: str = typer.Option("info", "--log-level", help="uvicorn / host log level."),
 ) -> None:
     """Serve MODEL over an OpenAI-compatible HTTP API."""
@@ -77,6 +79,7 @@ def serve_cmd(
                 max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                 kv_cache_memory=_parse_bytes(kv_cache_memory), gpu_memory_utilization=gpu_memory_utilization,
                 enable_prefix_caching=enable_prefix_caching, dtype=dtype, load_format=load_format,
+                async_scheduling=async_scheduling,
             ) | _compilation_kwargs(optimization_level, enforce_eager, custom_ops, torch_compile, cuda_graph_sizes),
         )
     except (ValueError, RuntimeError) as exc:

@@ -185,14 +185,20 @@ class Scheduler:
         if len(self.running) + len(self.waiting) <= 1:
             threshold = 0  # nobody to starve
         # prefill chunks leave one token for every decode behind them in the running list
-        decodes_behind = sum(1 for r in self.running if r.num_tokens - r.num_computed_tokens == 1)
+        decodes_behind = sum(1 for r in self.running if r.num_tokens_planned - r.num_computed_tokens == 1)
 
         # 1. running requests
         req_index = 0
         while req_index < len(self.running) and token_budget > 0:
             request = self.running[req_index]
-            remaining = request.num_tokens - request.num_computed_tokens
+            remaining = request.num_tokens_planned - request.num_computed_tokens
             is_decode = remaining == 1
+            if request.num_output_placeholders and self._done_once_returned(request):
+                # its token in flight reaches max_tokens / max_model_len: nothing more to run
+                if is_decode:
+                    decodes_behind -= 1
+                req_index += 1
+                continue
             if is_decode:
                 decodes_behind -= 1
             num_new = min(remaining, self.max_model_len - request.num_computed_tokens)
@@ -217,7 +223,7 @@ class Scheduler:
                 del self.running[idx]
                 if idx < req_index:
                     req_index -= 1
-                elif idx > req_index and victim.num_tokens - victim.num_computed_tokens == 1:
+                elif idx > req_index and victim.num_tokens_planned - victim.num_computed_tokens == 1:
                     decodes_behind -= 1
                 if victim.request_id in num_scheduled:
                     # scheduled earlier in this step: give its tokens back to the budget
@@ -306,11 +312,23 @@ class Scheduler:
             preempted_req_ids={r.request_id for r in preempted},
         )
         self.finished_req_ids = set()
-        # the scheduled tokens count as computed from now on (their KV is written this step)
+        # the scheduled tokens count as computed from now on (their KV is written this step);
+        # a step that reaches a request's last planned token samples its next one
         requests = self.requests
         for req_id, n in num_scheduled.items():
-            requests[req_id].num_computed_tokens += n
+            request = requests[req_id]
+            request.num_computed_tokens += n
+            if request.num_computed_tokens >= request.num_tokens_planned:
+                request.num_output_placeholders += 1
+                output.sampling_req_ids.add(req_id)
         return output
+
+    def _done_once_returned(self, request: Request) -> bool:
+        """Whether the tokens in flight already end the request by length (so planning another
+        step for it would only be thrown away)."""
+        sp = request.sampling_params
+        planned_outputs = request.num_output_tokens + request.num_output_placeholders
+        return (sp.max_tokens is not None and planned_outputs >= sp.max_tokens) or request.num_tokens_planned >= self.max_model_len
 
     def update_from_output(
         self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
@@ -326,13 +344,16 @@ class Scheduler:
             request = self.requests.get(req_id)
             if request is None or request.status != RequestStatus.RUNNING:
                 continue  # finished or preempted since the step was planned
+            samples = req_id in scheduler_output.sampling_req_ids
+            if samples:
+                request.num_output_placeholders -= 1  # its token is here (or the step failed)
             i = index_of.get(req_id)
             if i is None:
                 continue
             sampled = sampled_token_ids[i]
             prompt_logprobs = model_runner_output.prompt_logprobs.get(req_id)
             # a sample from a prefill chunk that has not reached the end of the prompt is void
-            if not sampled or request.num_computed_tokens < request.num_tokens:
+            if not sampled or not samples:
                 if prompt_logprobs:
                     outputs.append(EngineCoreOutput(req_id=req_id, new_token_ids=[], new_prompt_logprobs=prompt_logprobs))
                 continue
@@ -408,6 +429,7 @@ class Scheduler:
         self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        request.num_output_placeholders = 0  # a token in flight is dropped: it is recomputed
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.prepend_request(request)

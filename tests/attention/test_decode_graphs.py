@@ -49,12 +49,15 @@ def tiny(tmp_path_factory):
     return str(path), hf
 
 
-def test_padded_decode_graphs_match_transformers(tiny, capturing_cpu):
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_padded_decode_graphs_match_transformers(tiny, capturing_cpu, async_scheduling):
+    """With asynchronous scheduling the replayed inputs also take the previous step's tokens
+    from the device (written into the persistent buffer before the replay)."""
     path, hf = tiny
     # max_model_len 640 >= 512: the captured attention is the split-K decode kernel with its
     # number of spans fixed from max_model_len, replayed for sequences of any length below it
     llm = LLM(path, skip_tokenizer_init=True, max_model_len=640, attention_backend="triton_paged", block_size=8,
-              max_num_batched_tokens=32, max_num_seqs=5, cuda_graph_sizes=[1, 2, 4])
+              max_num_batched_tokens=32, max_num_seqs=5, cuda_graph_sizes=[1, 2, 4], async_scheduling=async_scheduling)
     runner = llm.engine.executor.worker.model_runner
     graphs = runner.decode_graphs
     assert graphs is not None and graphs.sizes == [1, 2, 4]
@@ -68,6 +71,7 @@ def test_padded_decode_graphs_match_transformers(tiny, capturing_cpu):
     for p, (_, m), o in zip(prompts, lengths, outs):
         assert o.outputs[0].token_ids == hf_greedy(hf, p, m)
     assert graphs.replays.get(4, 0) > 0 and graphs.replays.get(1, 0) > 0  # 3 decodes ran padded to 4
+    assert (runner.num_in_flight_tokens > 0) == async_scheduling
     manager = llm.engine.kv_cache_manager
     assert manager.block_pool.get_num_free_blocks() == manager.num_blocks - 1
 

@@ -81,6 +81,11 @@ SETTINGS = {
     "chunked-16": dict(max_num_batched_tokens=16, max_num_seqs=4),
     # 12 usable blocks of 4 tokens: five requests of up to ~50 tokens cannot all fit
     "preempting": dict(block_size=4, num_gpu_blocks_override=13, max_num_seqs=5, max_num_batched_tokens=64),
+    # asynchronous scheduling: each step planned before the previous step's tokens reach the host
+    "async": dict(async_scheduling=True),
+    "async-chunked-16": dict(async_scheduling=True, max_num_batched_tokens=16, max_num_seqs=4),
+    "async-preempting": dict(async_scheduling=True, block_size=4, num_gpu_blocks_override=13, max_num_seqs=5,
+                             max_num_batched_tokens=64),
 }
 
 
@@ -89,14 +94,16 @@ SETTINGS = {
 def test_greedy_matches_transformers(tiny_models, arch, setting):
     path, hf = tiny_models[arch]
     prompts = prompts_of([5, 37, 1, 20, 9], seed=hash(arch) % 100, shared_prefix=0)
-    if setting == "default":
+    if setting in ("default", "async"):
         prompts += prompts_of([8, 30], seed=7, shared_prefix=32)  # prefix-cache hits in one batch
     llm = LLM(path, skip_tokenizer_init=True, max_model_len=128, **SETTINGS[setting])
     got = run(llm, prompts)
     want = [hf_greedy(hf, p, MAX_NEW) for p in prompts]
     assert got == want
-    if setting == "preempting":
+    if setting.endswith("preempting"):
         assert llm.engine.scheduler.num_preemptions > 0, "the KV budget was meant to force preemption"
+    runner = llm.engine.executor.worker.model_runner
+    assert (runner.num_in_flight_tokens > 0) == setting.startswith("async")
 
 
 def test_prefix_cache_computes_a_shared_prefix_once(tiny_models):

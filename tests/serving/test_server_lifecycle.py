@@ -101,3 +101,41 @@ def test_sigterm_stops_the_engine_process(tmp_path):
             time.sleep(0.1)
         else:
             pytest.fail("the engine process outlived the server")
+
+
+def test_async_scheduling_server_keeps_streams_apart(tmp_path):
+    """``--async-scheduling`` (the GPU default, off on CPU): concurrent streams that end at
+    different steps, each forcing its own token, get exactly their own tokens, and the engine
+    ends with nothing running and no KV in use."""
+    import asyncio
+    import re
+
+    with run_server(tmp_path, ["--async-scheduling"]) as server:
+        assert "Asynchronous scheduling" in server.log()
+
+        async def one(ac: openai.AsyncOpenAI, i: int) -> tuple[int, int, str, str | None]:
+            target, n = 2000 + i, 2 + i
+            stream = await ac.completions.create(
+                model="", prompt=f"Item {i}:", max_tokens=n, temperature=0.7, stream=True,
+                logit_bias={str(target): 100}, extra_body={"ignore_eos": True},
+            )
+            text, finish = "", None
+            async for chunk in stream:
+                for c in chunk.choices:
+                    text += c.text
+                    finish = c.finish_reason or finish
+            return target, n, text, finish
+
+        async def main() -> list:
+            ac = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="x", timeout=120, max_retries=0)
+            try:
+                return await asyncio.wait_for(asyncio.gather(*(one(ac, i) for i in range(24))), 300)
+            finally:
+                await ac.close()
+
+        for target, n, text, finish in asyncio.run(main()):
+            assert finish == "length"
+            assert text == httpx.post(f"{server.url}/detokenize", json={"tokens": [target] * n}).json()["prompt"]
+        metrics = httpx.get(f"{server.url}/metrics").text
+        for name in ("host:num_requests_running", "host:kv_cache_usage_perc"):
+            assert float(re.search(rf"^{name}\{{[^}}]*\}} (\S+)$", metrics, re.M).group(1)) == 0
