@@ -60,15 +60,21 @@ class StepInputs:
 class HostStaging:
     """Host-to-device copies of step inputs without a host wait.
 
-    On an accelerator each named input has a pinned (page-locked) host buffer, reused every
-    step, and the copy to the device is asynchronous; the previous step's wait for its sampled
-    token ids guarantees the buffer's last copy has finished before it is overwritten. On a CPU
+    On an accelerator each named input has a pinned (page-locked) host buffer and the copy to
+    the device is asynchronous. Steps alternate between two sets of buffers: with asynchronous
+    scheduling step N is prepared while step N-1's copies may still be queued, but step N-2 has
+    finished (its sampled ids were waited for), so the set step N writes is free. On a CPU
     device the numpy arrays are used as they are."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.pinned = device.type != "cpu"
-        self._buffers: dict[str, torch.Tensor] = {}
+        self._sets: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]] = ({}, {})
+        self._buffers = self._sets[0]
+
+    def next_step(self) -> None:
+        """Switch to the other buffer set (call once at the start of every step)."""
+        self._buffers = self._sets[1] if self._buffers is self._sets[0] else self._sets[0]
 
     def _host(self, name: str, array: np.ndarray) -> torch.Tensor:
         src = torch.from_numpy(np.ascontiguousarray(array))
@@ -533,6 +539,7 @@ class ModelRunner:
         scheduling plans the next step in between). Otherwise the finished output."""
         assert self.model is not None and self.attn_backend is not None and self.input_batch is not None
         t_start = time.perf_counter()
+        self.staging.next_step()
         self._update_states(so)
         batch = self.input_batch
         if so.total_num_scheduled_tokens == 0 or batch.num_reqs == 0:

@@ -133,3 +133,23 @@ def test_default_follows_the_device():
     from host.core.engine_args import EngineArgs
 
     assert EngineArgs().async_scheduling is None  # resolved per platform: off on the CPU, on for GPUs
+
+
+def test_staging_alternates_buffer_sets(monkeypatch):
+    """Step N must not overwrite the pinned buffers step N-1's queued copies read from."""
+    import numpy as np
+
+    from host.core.model_runner import HostStaging
+
+    stage = HostStaging(torch.device("cpu"))
+    stage.pinned = True  # exercise the buffer logic; pinning itself needs an accelerator
+    plain_empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, pin_memory=False, **kw: plain_empty(*a, **kw))
+    stage.next_step()
+    a = stage._host("ids", np.arange(5))
+    stage.next_step()
+    b = stage._host("ids", np.arange(5) + 10)
+    stage.next_step()
+    c = stage._host("ids", np.arange(5) + 20)
+    assert a.data_ptr() != b.data_ptr() and a.data_ptr() == c.data_ptr()
+    assert b.tolist() == [10, 11, 12, 13, 14]  # untouched by the step after it
