@@ -577,24 +577,29 @@ class ModelRunner:
         """Append each final row's token to the persistent batch (found by request id: with
         asynchronous scheduling the next step may have moved or dropped the row already)."""
         batch = self.input_batch
-        sampled_lists: list[list[int]] = []
-        logprob_lists: list[list[TokenLogprobs] | None] = []
-        for i, req_id in enumerate(req_ids):
-            if not final[i]:
-                sampled_lists.append([])  # a prefill chunk that did not reach the end yet
-                logprob_lists.append(None)
-                continue
+        # a prefill chunk that did not reach the end yet samples nothing
+        sampled_lists: list[list[int]] = [[] for _ in req_ids]
+        logprob_lists: list[list[TokenLogprobs] | None] = [None] * len(req_ids)
+        index_of, states = batch.req_id_to_index, batch.states
+        rows: list[int] = []
+        tokens: list[int] = []
+        for i in np.flatnonzero(final).tolist():
             token = int(sampled[i])
-            index = batch.req_id_to_index.get(req_id)
+            sampled_lists[i] = [token]
+            index = index_of.get(req_ids[i])
             if index is not None:
-                n = int(batch.num_tokens[index])
-                if n < batch.max_model_len:
-                    batch.token_ids[index, n] = token
-                batch.num_tokens[index] = n + 1
-                batch.states[index].output_token_ids.append(token)
-            sampled_lists.append([token])
+                rows.append(index)
+                tokens.append(token)
+                states[index].output_token_ids.append(token)
             k = logprobs_k[i]
-            logprob_lists.append([_row_logprobs(logprobs, i, k)] if k is not None and logprobs is not None else None)
+            if k is not None and logprobs is not None:
+                logprob_lists[i] = [_row_logprobs(logprobs, i, k)]
+        if rows:
+            r = np.array(rows, dtype=np.int64)
+            n = batch.num_tokens[r]
+            fits = n < batch.max_model_len
+            batch.token_ids[r[fits], n[fits]] = np.array(tokens, dtype=np.int64)[fits]
+            batch.num_tokens[r] = n + 1
         return sampled_lists, logprob_lists
 
     @staticmethod
@@ -625,6 +630,8 @@ class ModelRunner:
         """Logprobs of the prompt tokens this step's chunk predicts: the hidden state at prompt
         position ``p`` scores prompt token ``p + 1``."""
         out: dict[str, list[TokenLogprobs]] = {}
+        if all(state.sampling_params.prompt_logprobs is None for state in states):
+            return out
         start = 0
         for i, state in enumerate(states):
             n = int(num_scheduled[i])

@@ -99,6 +99,17 @@ class KVCacheManager:
         """
         if num_new_tokens <= 0:
             raise ValueError(f"num_new_tokens={num_new_tokens} must be > 0")
+        if not new_computed_blocks:
+            # the common case, a running request: fast when its blocks already hold the tokens
+            req_blocks = self.req_to_blocks.get(request.request_id)
+            if req_blocks:
+                total_tokens = request.num_computed_tokens + num_new_tokens
+                if total_tokens <= len(req_blocks) * self.block_size and (
+                    not self.enable_caching
+                    or min(total_tokens // self.block_size, len(request.block_hashes))
+                    <= self._num_cached_blocks.get(request.request_id, 0)
+                ):
+                    return []
         new_computed_blocks = list(new_computed_blocks or ())
         if num_new_computed_tokens != len(new_computed_blocks) * self.block_size:
             raise ValueError(
