@@ -339,19 +339,24 @@ class Scheduler:
         self._pending_outputs = []
         index_of = model_runner_output.req_id_to_index
         sampled_token_ids = model_runner_output.sampled_token_ids
+        all_prompt_logprobs = model_runner_output.prompt_logprobs
+        all_logprobs = model_runner_output.logprobs
+        sampling = scheduler_output.sampling_req_ids
+        requests = self.requests
+        running = RequestStatus.RUNNING
         stopped: set[str] = set()
         for req_id in scheduler_output.num_scheduled_tokens:
-            request = self.requests.get(req_id)
-            if request is None or request.status != RequestStatus.RUNNING:
+            request = requests.get(req_id)
+            if request is None or request.status is not running:
                 continue  # finished or preempted since the step was planned
-            samples = req_id in scheduler_output.sampling_req_ids
+            samples = req_id in sampling
             if samples:
                 request.num_output_placeholders -= 1  # its token is here (or the step failed)
             i = index_of.get(req_id)
             if i is None:
                 continue
             sampled = sampled_token_ids[i]
-            prompt_logprobs = model_runner_output.prompt_logprobs.get(req_id)
+            prompt_logprobs = all_prompt_logprobs.get(req_id) if all_prompt_logprobs else None
             # a sample from a prefill chunk that has not reached the end of the prompt is void
             if not sampled or not samples:
                 if prompt_logprobs:
@@ -368,22 +373,23 @@ class Scheduler:
                 error = f"token {new_token_ids[-1]} broke the request's structured_outputs grammar"
                 logger.error("request %s: %s", req_id, error)
                 request.status = RequestStatus.FINISHED_ABORTED
-            row_logprobs = model_runner_output.logprobs[i] if model_runner_output.logprobs else None
+            row_logprobs = all_logprobs[i] if all_logprobs else None
             finish_reason = None
             if request.is_finished():
                 finish_reason = request.get_finished_reason()
                 stopped.add(req_id)
                 self._free_request(request)
+            cached = request.num_cached_tokens
             outputs.append(
                 EngineCoreOutput(
-                    req_id=req_id,
-                    new_token_ids=new_token_ids,
-                    finish_reason=finish_reason,
-                    stop_reason=request.stop_reason,
-                    num_cached_tokens=max(request.num_cached_tokens, 0),
-                    new_logprobs=row_logprobs[: len(new_token_ids)] if row_logprobs else None,
-                    new_prompt_logprobs=prompt_logprobs or None,
-                    error=error,
+                    req_id,
+                    new_token_ids,
+                    finish_reason,
+                    request.stop_reason,
+                    cached if cached > 0 else 0,
+                    row_logprobs[: len(new_token_ids)] if row_logprobs else None,
+                    prompt_logprobs or None,
+                    error,
                 )
             )
         if stopped:
@@ -407,9 +413,11 @@ class Scheduler:
     def _check_stop(self, request: Request) -> bool:
         """Apply the stop conditions to the token just appended; sets status and stop_reason."""
         sp = request.sampling_params
-        last = request.output_token_ids[-1]
+        output = request.output_token_ids
+        num_output = len(output)
+        last = output[-1]
         # EOS and stop token ids count only once min_tokens tokens precede them
-        if request.num_output_tokens > sp.min_tokens:
+        if num_output > sp.min_tokens:
             if not sp.ignore_eos and last == request.eos_token_id:
                 request.status = RequestStatus.FINISHED_STOPPED
                 return True
@@ -417,9 +425,7 @@ class Scheduler:
                 request.status = RequestStatus.FINISHED_STOPPED
                 request.stop_reason = last
                 return True
-        if (sp.max_tokens is not None and request.num_output_tokens >= sp.max_tokens) or (
-            request.num_tokens >= self.max_model_len
-        ):
+        if (sp.max_tokens is not None and num_output >= sp.max_tokens) or len(request.all_token_ids) >= self.max_model_len:
             request.status = RequestStatus.FINISHED_LENGTH_CAPPED
             return True
         return False
