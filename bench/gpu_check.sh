@@ -41,7 +41,7 @@ if [[ "$stage" == tests || "$stage" == all ]]; then
   rc=$(( rc | ${PIPESTATUS[0]} ))
 fi
 if [[ "$stage" == bench || "$stage" == all ]]; then
-  timeout "${HOST_GPU_BENCH_TIMEOUT:-480}" "$PY" bench/gpu_throughput.py --out "$OUT/gpu_throughput-$(date +%Y%m%d).json" \
+  timeout "${HOST_GPU_BENCH_TIMEOUT:-480}" "$PY" bench/gpu_throughput.py --ablation 64 --out "$OUT/gpu_throughput-$(date +%Y%m%d).json" \
     2>&1 | tee "$OUT/bench.log"
   rc=$(( rc | ${PIPESTATUS[0]} ))
 fi

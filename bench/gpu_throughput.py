@@ -141,6 +141,9 @@ def main() -> None:
     ap.add_argument("-O", "--optimization-level", type=int, default=None)
     ap.add_argument("--enforce-eager", action="store_true")
     ap.add_argument("--smoke", action="store_true", help="tiny model, few short requests (runs on CPU)")
+    ap.add_argument("--ablation", type=int, default=0, metavar="N",
+                    help="also run N requests (lengths up to 512) with each optimization turned off in turn: "
+                         "what the fused kernels, decode graphs and asynchronous scheduling each pay")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     shape = QWEN3_06B
@@ -175,6 +178,21 @@ def main() -> None:
         bound_fraction = (step_bytes / bw) / ours["decode_step_mean_s"]
         print(f"decode: {ours['decode_step_mean_s'] * 1e3:.2f} ms/step at batch {ours['decode_batch_mean']:.0f}; "
               f"HBM-bandwidth bound {step_bytes / bw * 1e3:.2f} ms ({100 * bound_fraction:.0f}% of the bound)")
+    ablation = {}
+    if args.ablation:
+        slice_reqs = workload(args.ablation, args.min_len, min(args.max_len, 512), shape["vocab_size"], args.seed + 1)
+        variants = {
+            "default": {},
+            "no custom ops (torch norms, rotary, activation, sampler)": {"custom_ops": False},
+            "no decode graphs (-O1)": {"optimization_level": 1},
+            "no asynchronous scheduling": {"async_scheduling": False},
+            "eager (-O0, synchronous)": {"optimization_level": 0, "async_scheduling": False},
+        }
+        for name, kw in variants.items():
+            info = run_host(path, slice_reqs, args.dtype, args.max_num_seqs, args.max_num_batched_tokens, max_len, args.temperature, kw)
+            ablation[name] = {"output_tokens_per_s": info["output_tokens_per_s"], "compilation": info["compilation"],
+                              "decode_step_mean_s": info["decode_step_mean_s"]}
+            print(f"ablation {name:58s} {info['output_tokens_per_s']:10.1f} tok/s  ({info['compilation']})")
     result = {
         "benchmark": "gpu_throughput",
         "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -190,6 +208,7 @@ def main() -> None:
         "decode_bound_fraction": bound_fraction,
         "host": ours,
         "peer": peer,
+        "ablation": ablation,
     }
     out = Path(args.out or Path(__file__).parent / "results" / f"gpu_throughput-{time.strftime('%Y%m%d')}{'-smoke' if args.smoke else ''}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
