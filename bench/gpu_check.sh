@@ -10,7 +10,7 @@
 # dist-info for the plugins to be found); the offline engine, the kernels and these tests need
 # nothing beyond torch, triton, transformers, numpy, safetensors and pluggy. Wheels for anything
 # else can be put in .whl/ and are installed first. Logs and JSON go to $OUT (default
-# /tmp/host-gpu-check).
+# /tmp/host-gpu-check); copy the JSON into bench/results/ with the figures in your note.
 set -uo pipefail
 stage="${1:-all}"
 OUT="${OUT:-/tmp/host-gpu-check}"
