@@ -182,7 +182,7 @@ class CompilationConfig:
             wants_graphs = self.level >= 2 and not self.enforce_eager and platform_can_capture
         elif wants_graphs and not platform_can_capture:
             raise ValueError(
-                "decode graphs were asked for (--cuda-graphs / --cuda-graph-sizes) but this platform "
+                "decode graphs were asked for (--cuda-graph-sizes, or cuda_graphs=True) but this platform "
                 "cannot capture device graphs; drop the flag or use -O1"
             )
         self.cuda_graphs = wants_graphs
