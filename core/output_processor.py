@@ -192,7 +192,7 @@ class OutputProcessor:
             comp.text = seq.detok.get_next_output_text(comp.finished, delta=False)
         if comp.finished:
             del self._sequences[out.req_id]
-        parent.refresh()
+            parent.refresh()  # the outputs are updated in place; only "finished" can change
         return parent.result, stop_str
 
     def abort(self, engine_request_id: str) -> None:
