@@ -25,17 +25,16 @@ AsyncSchedulingOpt = typer.Option(None, "--async-scheduling/--no-async-schedulin
 CudaGraphSizesOpt = typer.Option(None, "--cuda-graph-sizes", help="Decode batch sizes to capture as graphs, e.g. 1,2,4,8; 'none' turns graphs off (default: on from -O2 where the platform can capture).")
 
 
-def _engine_kwargs(**kw: Any) -> dict[str, Any]:
-    return {k: v for k, v in kw.items() if v is not None}
-
-
-def _compilation_kwargs(
-    optimization_level: int | None, enforce_eager: bool, custom_ops: bool | None, torch_compile: bool | None, cuda_graph_sizes: str | None
-) -> dict[str, Any]:
-    """The ``-O`` flags as engine keyword arguments (only those given)."""
-    kw: dict[str, Any] = _engine_kwargs(optimization_level=optimization_level, custom_ops=custom_ops, torch_compile=torch_compile)
-    if enforce_eager:
-        kw["enforce_eager"] = True
+def engine_flag_kwargs(**flags: Any) -> dict[str, Any]:
+    """The engine flags ``host generate`` and ``host serve`` share, as ``EngineArgs`` keyword
+    arguments: only those given (``None`` / an unset ``--enforce-eager`` are left out), with
+    ``--kv-cache-memory`` and ``--cuda-graph-sizes`` parsed."""
+    kw = {k: v for k, v in flags.items() if v is not None and k not in ("kv_cache_memory", "cuda_graph_sizes")}
+    if not kw.get("enforce_eager", True):
+        del kw["enforce_eager"]
+    if flags.get("kv_cache_memory") is not None:
+        kw["kv_cache_memory"] = _parse_bytes(flags["kv_cache_memory"])
+    cuda_graph_sizes = flags.get("cuda_graph_sizes")
     if cuda_graph_sizes is not None:
         text = cuda_graph_sizes.strip().lower()
         if text in ("", "none", "off", "0"):
@@ -93,12 +92,13 @@ def generate_cmd(
     from host import LLM, SamplingParams
 
     try:
-        llm = LLM(model, plugins=plugins, **_engine_kwargs(
+        llm = LLM(model, plugins=plugins, **engine_flag_kwargs(
             dtype=dtype, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens, kv_cache_memory=_parse_bytes(kv_cache_memory),
+            max_num_batched_tokens=max_num_batched_tokens, kv_cache_memory=kv_cache_memory,
             gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=enable_prefix_caching,
-            load_format=load_format, async_scheduling=async_scheduling,
-        ), **_compilation_kwargs(optimization_level, enforce_eager, custom_ops, torch_compile, cuda_graph_sizes))
+            load_format=load_format, async_scheduling=async_scheduling, optimization_level=optimization_level,
+            enforce_eager=enforce_eager, custom_ops=custom_ops, torch_compile=torch_compile, cuda_graph_sizes=cuda_graph_sizes,
+        ))
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature)
         outputs = llm.generate(list(prompt), params)
     except ValueError as exc:

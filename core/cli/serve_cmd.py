@@ -29,9 +29,7 @@ from host.core.cli.generate_cmd import (
     OptLevelOpt,
     PrefixCachingOpt,
     TorchCompileOpt,
-    _compilation_kwargs,
-    _engine_kwargs,
-    _parse_bytes,
+    engine_flag_kwargs,
 )
 
 
@@ -75,12 +73,13 @@ def serve_cmd(
             api_key=api_key,
             served_model_names=list(served_model_name or []),
             log_level=log_level,
-            engine_kwargs=_engine_kwargs(
+            engine_kwargs=engine_flag_kwargs(
                 max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                kv_cache_memory=_parse_bytes(kv_cache_memory), gpu_memory_utilization=gpu_memory_utilization,
+                kv_cache_memory=kv_cache_memory, gpu_memory_utilization=gpu_memory_utilization,
                 enable_prefix_caching=enable_prefix_caching, dtype=dtype, load_format=load_format,
-                async_scheduling=async_scheduling,
-            ) | _compilation_kwargs(optimization_level, enforce_eager, custom_ops, torch_compile, cuda_graph_sizes),
+                async_scheduling=async_scheduling, optimization_level=optimization_level, enforce_eager=enforce_eager,
+                custom_ops=custom_ops, torch_compile=torch_compile, cuda_graph_sizes=cuda_graph_sizes,
+            ),
         )
     except (ValueError, RuntimeError) as exc:
         typer.echo(f"error: {exc}", err=True)

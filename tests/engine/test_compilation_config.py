@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import typer
 
-from host.core.cli.generate_cmd import _compilation_kwargs
+from host.core.cli.generate_cmd import engine_flag_kwargs
 from host.core.config import CompilationConfig, default_graph_sizes
 
 
@@ -65,10 +65,12 @@ def test_graph_sizes():
 
 
 def test_cli_flags():
-    assert _compilation_kwargs(None, False, None, None, None) == {}
-    assert _compilation_kwargs(3, True, False, None, "none") == {
+    unset = dict(optimization_level=None, enforce_eager=False, custom_ops=None, torch_compile=None, cuda_graph_sizes=None)
+    assert engine_flag_kwargs(**unset) == {}
+    assert engine_flag_kwargs(**{**unset, "optimization_level": 3, "enforce_eager": True, "custom_ops": False, "cuda_graph_sizes": "none"}) == {
         "optimization_level": 3, "enforce_eager": True, "custom_ops": False, "cuda_graphs": False,
     }
-    assert _compilation_kwargs(None, False, None, True, "1,2, 8") == {"torch_compile": True, "cuda_graph_sizes": [1, 2, 8]}
+    assert engine_flag_kwargs(**{**unset, "torch_compile": True, "cuda_graph_sizes": "1,2, 8"}) == {"torch_compile": True, "cuda_graph_sizes": [1, 2, 8]}
+    assert engine_flag_kwargs(**{**unset, "kv_cache_memory": "2GiB", "max_num_seqs": None}) == {"kv_cache_memory": 2 * 2**30}
     with pytest.raises(typer.BadParameter, match="--cuda-graph-sizes|batch sizes"):
-        _compilation_kwargs(None, False, None, None, "1,x")
+        engine_flag_kwargs(**{**unset, "cuda_graph_sizes": "1,x"})
