@@ -146,16 +146,10 @@ class EngineCore:
     def _step_async(self) -> EngineCoreOutputs:
         scheduler_output = self.scheduler.schedule()
         if scheduler_output.total_num_scheduled_tokens == 0:
-            if scheduler_output.finished_req_ids or scheduler_output.preempted_req_ids:
-                self.executor.execute_model(scheduler_output)  # the runner must drop them
-            if self._in_flight is not None:
-                outputs = self._finish_in_flight()
-            else:
-                self._wait_for_grammars()
-                outputs = EngineCoreOutputs(outputs=[])
-            empty = ModelRunnerOutput(req_ids=[], req_id_to_index={}, sampled_token_ids=[])
-            rest = self.scheduler.update_from_output(scheduler_output, empty)  # capped / failed requests
-            return EngineCoreOutputs(outputs=outputs.outputs + rest.outputs, scheduler_stats=rest.scheduler_stats)
+            done = self._finish_in_flight().outputs if self._in_flight is not None else []
+            idle = self._idle_step(scheduler_output)
+            idle.outputs = done + idle.outputs
+            return idle
         handle = self.executor.execute_model(scheduler_output, non_blocking=True)
         previous, self._in_flight = self._in_flight, (scheduler_output, handle)
         if previous is None:
@@ -165,14 +159,19 @@ class EngineCore:
     def _step_sync(self) -> EngineCoreOutputs:
         scheduler_output = self.scheduler.schedule()
         if scheduler_output.total_num_scheduled_tokens == 0:
-            if scheduler_output.finished_req_ids or scheduler_output.preempted_req_ids:
-                self.executor.execute_model(scheduler_output)  # the runner must drop them
-            self._wait_for_grammars()
-            empty = ModelRunnerOutput(req_ids=[], req_id_to_index={}, sampled_token_ids=[])
-            return self.scheduler.update_from_output(scheduler_output, empty)
+            return self._idle_step(scheduler_output)
         self._attach_grammar_bitmask(scheduler_output)
         runner_output = self.executor.execute_model(scheduler_output)
         return self.scheduler.update_from_output(scheduler_output, runner_output)
+
+    def _idle_step(self, scheduler_output: SchedulerOutput) -> EngineCoreOutputs:
+        """A step that computes nothing: the runner drops finished / preempted requests, and
+        requests the scheduler ended without a step (capped, failed grammars) are reported."""
+        if scheduler_output.finished_req_ids or scheduler_output.preempted_req_ids:
+            self.executor.execute_model(scheduler_output)
+        self._wait_for_grammars()
+        empty = ModelRunnerOutput(req_ids=[], req_id_to_index={}, sampled_token_ids=[])
+        return self.scheduler.update_from_output(scheduler_output, empty)
 
     def shutdown(self) -> None:
         if self._structured_output_manager is not None:

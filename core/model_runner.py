@@ -465,7 +465,7 @@ class ModelRunner:
         in_flight = positions >= batch.num_tokens[req_indices]
         placeholders = None
         if in_flight.any():
-            prev_ids, prev_rows = self._prev_sampled
+            prev_rows = self._prev_sampled[1]
             flat = np.flatnonzero(in_flight)
             src = np.array([prev_rows[live[r]] for r in req_indices[flat]], dtype=np.int64)
             placeholders = (flat, src)
