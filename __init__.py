@@ -10,7 +10,7 @@ __all__ = ["LLM", "SamplingParams", "__version__"]
 def __getattr__(name: str) -> Any:
     # the offline API is imported on first use so `import host` stays light for plugin authors
     if name == "LLM":
-        from host.core.llm import LLM
+        from host.core.frontend.llm import LLM
 
         return LLM
     if name == "SamplingParams":

@@ -77,7 +77,7 @@ class StructuredOutputsParams:
 class SamplingParams:
     """Per-request sampling and stopping settings (OpenAI / vLLM names).
 
-    Sampling runs in this order over the raw logits (see :mod:`host.core.sampler`): allowed
+    Sampling runs in this order over the raw logits (see :mod:`host.core.worker.sampler`): allowed
     token ids, bad words, ``min_tokens`` and ``logit_bias``, penalties, temperature (below 1e-5
     means greedy), ``min_p``, ``top_k``, ``top_p``, then the draw. ``logprobs`` and
     ``prompt_logprobs`` report the raw model distribution (before any of those steps).

@@ -60,7 +60,7 @@ class Platform:
     supported_quantization: ClassVar[list[str]] = []
     supported_dtypes: ClassVar[list[str]] = ["float32"]
     additional_env_vars: ClassVar[list[str]] = []
-    worker_cls: ClassVar[str] = "host.core.worker:Worker"
+    worker_cls: ClassVar[str] = "host.core.worker.worker:Worker"
     attention_backend_priority: ClassVar[list[str]] = []
 
     def __init__(self) -> None:

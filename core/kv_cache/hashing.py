@@ -17,7 +17,7 @@ import struct
 from typing import TYPE_CHECKING, Any, Callable, NewType, Sequence
 
 if TYPE_CHECKING:
-    from host.core.request import Request
+    from host.core.scheduler.request import Request
 
 BlockHash = NewType("BlockHash", bytes)
 

@@ -13,7 +13,7 @@ from host.core.kv_cache.spec import (
     check_kv_cache_specs,
     register_kv_cache_manager,
 )
-from host.core.request import Request
+from host.core.scheduler.request import Request
 
 
 def _cdiv(a: int, b: int) -> int:

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from host.core.forward_context import get_forward_context
+from host.core.worker.forward_context import get_forward_context
 from host.sdk.attention import AttentionBackend
 
 

@@ -15,7 +15,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from typing import Iterable, Iterator
 
-from host.core.request import Request
+from host.core.scheduler.request import Request
 
 
 class RequestQueue(ABC):

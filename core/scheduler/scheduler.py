@@ -18,7 +18,7 @@ from host.core.config import CacheConfig, SchedulerConfig
 from host.core.kv_cache.block_pool import KVCacheBlock
 from host.core.kv_cache.hashing import make_block_hasher
 from host.core.kv_cache.manager import KVCacheManager
-from host.core.outputs import (
+from host.core.engine.outputs import (
     CachedRequestData,
     EngineCoreOutput,
     EngineCoreOutputs,
@@ -26,7 +26,7 @@ from host.core.outputs import (
     NewRequestData,
     SchedulerOutput,
 )
-from host.core.request import Request, RequestStatus
+from host.core.scheduler.request import Request, RequestStatus
 from host.core.scheduler.policy import create_request_queue
 
 logger = logging.getLogger(__name__)
@@ -466,7 +466,7 @@ class Scheduler:
 
     @staticmethod
     def _accept_structured(request: Request, token_ids: list[int]) -> bool:
-        from host.core.structured_output import StructuredOutputManager
+        from host.core.engine.structured_output import StructuredOutputManager
 
         return StructuredOutputManager.accept_tokens(request, token_ids)
 

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from host.core.forward_context import get_forward_context
+from host.core.worker.forward_context import get_forward_context
 
 logger = logging.getLogger("host.cpu")
 

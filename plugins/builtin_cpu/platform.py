@@ -20,7 +20,7 @@ class CpuPlatform(Platform):
     simple_compile_backend = "inductor"
     dist_backend = "gloo"
     supported_dtypes = ["float32", "bfloat16"]
-    worker_cls = "host.core.worker:Worker"
+    worker_cls = "host.core.worker.worker:Worker"
     attention_backend_priority = ["cpu_paged"]
 
     @classmethod

@@ -23,7 +23,7 @@ class CudaPlatform(Platform):
     simple_compile_backend = "inductor"
     dist_backend = "nccl"
     supported_dtypes = ["bfloat16", "float16", "float32"]
-    worker_cls = "host.core.worker:Worker"
+    worker_cls = "host.core.worker.worker:Worker"
     attention_backend_priority = ["triton_paged", "torch_paged"]
 
     @classmethod

@@ -11,7 +11,7 @@
 - :func:`rms_norm` / :func:`fused_add_rms_norm`, :func:`rotary_neox`, :func:`silu_and_mul`.
 
 The kernels run on a GPU, or on CPU tensors under ``TRITON_INTERPRET=1`` — which is how CI
-checks them against the references (``tests/attention/test_triton_kernels.py``). The
+checks them against the references (``tests/plugins/builtin_cuda/test_triton_kernels.py``). The
 ``*_ref`` functions define what each kernel must compute.
 """
 

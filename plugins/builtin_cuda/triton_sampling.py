@@ -4,7 +4,7 @@
 restricted, in this order, by min-p (drop tokens whose probability is below ``min_p`` times the
 best one's; 0 = off), top-k (keep the ``k`` best; ``k <= 0`` = off) and top-p over what is left,
 renormalised (keep the smallest set of best tokens holding at least ``top_p`` of the mass;
-``>= 1`` = off) — the order and definitions of ``draw()`` in :mod:`host.core.sampler`. The token
+``>= 1`` = off) — the order and definitions of ``draw()`` in :mod:`host.core.worker.sampler`. The token
 is drawn by inverse CDF with the caller's uniform ``u`` per row (or ``S`` uniforms per row: ``S``
 draws from the same restricted distribution). :func:`sample_ref` is the plain torch reference,
 :func:`kept_mask_ref` / :func:`probs_ref` the kept set and distribution it draws from.
@@ -57,7 +57,7 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-_GREEDY_EPS = 1e-5  # as host.core.sampler: a lower temperature means greedy
+_GREEDY_EPS = 1e-5  # as host.core.worker.sampler: a lower temperature means greedy
 _MAX_BLOCK = 1024
 _PIVOTS = 16
 

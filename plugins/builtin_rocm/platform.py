@@ -47,7 +47,7 @@ class RocmPlatform(CudaPlatform):
     # no quantization method is implemented for ROCm yet; quantized checkpoints are refused
     supported_quantization = []
     supported_dtypes = ["bfloat16", "float16", "float32"]
-    worker_cls = "host.core.worker:Worker"
+    worker_cls = "host.core.worker.worker:Worker"
     attention_backend_priority = ["triton_rocm", "torch_paged"]
 
     # -- detection ---------------------------------------------------------------------------

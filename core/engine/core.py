@@ -1,0 +1,179 @@
+"""The engine core: scheduler + KV cache manager + executor, advanced one step at a time.
+
+This is what the engine-core process runs; the offline :class:`host.LLM` drives it in-process.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+from typing import Any, Iterable
+
+from host.core.config import EngineConfig
+from host.core.kv_cache.manager import KVCacheManager
+from host.core.kv_cache.spec import KVCacheConfig, num_blocks_from_memory
+from host.core.engine.outputs import EngineCoreOutputs, ModelRunnerOutput, SchedulerOutput
+from host.core.plugins.manager import get_plugin_host
+from host.core.scheduler.request import Request, RequestStatus
+from host.core.scheduler.scheduler import Scheduler
+from host.core.engine.structured_output import StructuredOutputManager
+
+logger = logging.getLogger("host.engine")
+
+
+class EngineCore:
+    """Owns one model replica: sizes the KV cache, schedules and executes steps."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        executors = get_plugin_host().registry("executors")
+        name = config.parallel.distributed_executor_backend
+        if name not in executors:
+            raise ValueError(
+                f"distributed_executor_backend={name!r} is not registered; registered executors: "
+                f"{', '.join(sorted(executors)) or 'none'}"
+            )
+        self.executor = executors[name](config)
+        specs = self.executor.collective_rpc("get_kv_cache_specs")[0]
+        cache = config.cache
+        if cache.num_gpu_blocks_override is not None:
+            num_blocks = cache.num_gpu_blocks_override
+            source = "num_gpu_blocks_override"
+        else:
+            available = self.executor.determine_available_memory()
+            num_blocks = num_blocks_from_memory(available, specs, config.scheduler.max_model_len)
+            source = f"a KV budget of {available / 2**20:.1f} MiB"
+        self.kv_cache_config = KVCacheConfig(num_blocks, cache.block_size, specs)
+        cache.num_gpu_blocks = num_blocks
+        self.executor.collective_rpc("initialize_kv_cache", (num_blocks,))
+        logger.info(
+            "KV cache: %d blocks x %d tokens (%d tokens, %.1f MiB) from %s",
+            num_blocks,
+            cache.block_size,
+            (num_blocks - 1) * cache.block_size,
+            self.kv_cache_config.kv_cache_bytes / 2**20,
+            source,
+        )
+        self.kv_cache_manager = KVCacheManager(
+            self.kv_cache_config,
+            enable_caching=cache.enable_prefix_caching,
+            max_model_len=config.scheduler.max_model_len,
+        )
+        self.scheduler = Scheduler(config.scheduler, cache, self.kv_cache_manager)
+        self._structured_output_manager: StructuredOutputManager | None = None
+        # asynchronous scheduling: the step launched last, whose output is not processed yet
+        self.async_scheduling = bool(config.scheduler.async_scheduling)
+        self._in_flight: tuple[SchedulerOutput, Any] | None = None
+        if self.async_scheduling:
+            logger.info("Asynchronous scheduling: each step is planned while the previous one runs")
+
+    def add_request(self, request: Request) -> None:
+        """Queue a request; its sampling params are checked against the model first (token ids
+        inside the vocabulary), so a bad request is a ``ValueError`` and never reaches a step."""
+        request.sampling_params.verify(self.config.model.hf_config.vocab_size)
+        if request.sampling_params.structured_outputs is not None:
+            self.structured_output_manager.grammar_init(request)
+        self.scheduler.add_request(request)
+
+    @property
+    def structured_output_manager(self) -> StructuredOutputManager:
+        """Created with the first constrained request (it loads the tokenizer for xgrammar)."""
+        if self._structured_output_manager is None:
+            self._structured_output_manager = StructuredOutputManager(
+                self.config.model.tokenizer, self.config.model.hf_config.vocab_size
+            )
+        return self._structured_output_manager
+
+    def _wait_for_grammars(self, timeout: float = 0.05) -> None:
+        """Nothing could run: if requests wait for their grammar, block briefly on the
+        compilation instead of spinning (the compile threads need the CPU)."""
+        if self._structured_output_manager is None:
+            return
+        futures = [
+            r.structured_output.future
+            for r in self.scheduler.requests.values()
+            if r.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+        ]
+        if futures:
+            concurrent.futures.wait(futures, timeout=timeout, return_when=concurrent.futures.FIRST_COMPLETED)
+
+    def _attach_grammar_bitmask(self, scheduler_output: SchedulerOutput) -> None:
+        """Bitmask rows for the constrained requests that sample a token this step."""
+        if self._structured_output_manager is None:
+            return
+        requests = self.scheduler.requests
+        constrained = [
+            requests[req_id]
+            for req_id in scheduler_output.num_scheduled_tokens
+            if requests[req_id].structured_output is not None
+            # num_computed_tokens already counts this step's tokens: a final chunk samples
+            and requests[req_id].num_computed_tokens >= requests[req_id].num_tokens
+        ]
+        if constrained:
+            scheduler_output.structured_output_request_ids = [r.request_id for r in constrained]
+            scheduler_output.grammar_bitmask = self._structured_output_manager.grammar_bitmask(constrained)
+
+    def abort_requests(self, request_ids: Iterable[str]) -> None:
+        self.scheduler.finish_requests(list(request_ids), RequestStatus.FINISHED_ABORTED)
+
+    def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> None:
+        self.scheduler.finish_requests(list(request_ids), status)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests() or self._in_flight is not None
+
+    def step(self) -> EngineCoreOutputs:
+        """Schedule, execute and update once; returns the new tokens of every request.
+
+        With asynchronous scheduling a step launches step N+1 and then processes step N's
+        output, so planning and output handling overlap the device's work; the outputs lag one
+        step. While any request's sampling depends on its own history (``needs_history``:
+        penalties, bad words, min_tokens, seeds, grammars), steps run one at a time."""
+        if self.async_scheduling and not self._needs_sync():
+            return self._step_async()
+        if self._in_flight is not None:
+            return self._finish_in_flight()
+        return self._step_sync()
+
+    def _needs_sync(self) -> bool:
+        return any(r.sampling_params.needs_history for r in self.scheduler.requests.values())
+
+    def _finish_in_flight(self) -> EngineCoreOutputs:
+        scheduler_output, handle = self._in_flight
+        self._in_flight = None
+        return self.scheduler.update_from_output(scheduler_output, handle.get_output())
+
+    def _step_async(self) -> EngineCoreOutputs:
+        scheduler_output = self.scheduler.schedule()
+        if scheduler_output.total_num_scheduled_tokens == 0:
+            done = self._finish_in_flight().outputs if self._in_flight is not None else []
+            idle = self._idle_step(scheduler_output)
+            idle.outputs = done + idle.outputs
+            return idle
+        handle = self.executor.execute_model(scheduler_output, non_blocking=True)
+        previous, self._in_flight = self._in_flight, (scheduler_output, handle)
+        if previous is None:
+            return EngineCoreOutputs(outputs=[], scheduler_stats=self.scheduler.make_stats())
+        return self.scheduler.update_from_output(previous[0], previous[1].get_output())
+
+    def _step_sync(self) -> EngineCoreOutputs:
+        scheduler_output = self.scheduler.schedule()
+        if scheduler_output.total_num_scheduled_tokens == 0:
+            return self._idle_step(scheduler_output)
+        self._attach_grammar_bitmask(scheduler_output)
+        runner_output = self.executor.execute_model(scheduler_output)
+        return self.scheduler.update_from_output(scheduler_output, runner_output)
+
+    def _idle_step(self, scheduler_output: SchedulerOutput) -> EngineCoreOutputs:
+        """A step that computes nothing: the runner drops finished / preempted requests, and
+        requests the scheduler ended without a step (capped, failed grammars) are reported."""
+        if scheduler_output.finished_req_ids or scheduler_output.preempted_req_ids:
+            self.executor.execute_model(scheduler_output)
+        self._wait_for_grammars()
+        empty = ModelRunnerOutput(req_ids=[], req_id_to_index={}, sampled_token_ids=[])
+        return self.scheduler.update_from_output(scheduler_output, empty)
+
+    def shutdown(self) -> None:
+        if self._structured_output_manager is not None:
+            self._structured_output_manager.shutdown()
+        self.executor.shutdown()

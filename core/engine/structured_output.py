@@ -1,0 +1,146 @@
+"""Structured outputs: JSON schema, any JSON object, regex, choice and EBNF grammar constraints,
+enforced as a token bitmask in the sampler. The grammar engine is xgrammar.
+
+The :class:`StructuredOutputManager` lives in the engine core. A constrained request is
+compiled in a thread pool (half the CPU cores) while it waits in
+``WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR``; the scheduler skips it until the grammar is ready
+(a compile error finishes it with the error). Every step, the manager fills one bitmask row
+(one bit per token, 32 tokens per int32 word, ``-1`` = all allowed) for each constrained
+request that samples a token this step; the model runner turns the rows into a ``-inf`` mask
+before any other logits processor. Sampled tokens are then fed back to the request's grammar
+matcher.
+
+JSON schemas are compiled without free whitespace between tokens (``any_whitespace=False``):
+small models otherwise tend to emit whitespace until ``max_tokens`` runs out, which is never
+valid JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from host.core.sampling_params import StructuredOutputsParams
+
+if TYPE_CHECKING:
+    from host.core.scheduler.request import Request
+
+logger = logging.getLogger("host.structured_output")
+
+
+class StructuredOutputRequest:
+    """A request's constraint and, once compiled, its grammar matcher."""
+
+    def __init__(self, params: StructuredOutputsParams, future: Future) -> None:
+        self.params = params
+        self.future = future
+        self.matcher: Any = None
+        self.error: str | None = None
+
+    def ready(self) -> bool:
+        """Whether compilation finished (successfully or with ``error`` set)."""
+        if self.matcher is not None or self.error is not None:
+            return True
+        if not self.future.done():
+            return False
+        exc = self.future.exception()
+        if exc is not None:
+            self.error = f"structured_outputs.{self.params.kind} could not be compiled: {exc}"
+        else:
+            self.matcher = self.future.result()
+        return True
+
+
+def choice_grammar(choices: list[str]) -> str:
+    """An EBNF grammar accepting exactly one of ``choices`` (string literals JSON-escaped)."""
+    return "root ::= " + " | ".join(json.dumps(c) for c in choices)
+
+
+class StructuredOutputManager:
+    """Compiles constraints off the scheduling thread and fills the per-step bitmask."""
+
+    def __init__(self, tokenizer_path: str, vocab_size: int, max_workers: int | None = None) -> None:
+        self.tokenizer_path = tokenizer_path
+        self.vocab_size = vocab_size
+        workers = max_workers or max(1, (os.cpu_count() or 2) // 2)
+        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="host-grammar")
+        self._compiler: Any = None
+        self._lock = threading.Lock()
+        self.words = (vocab_size + 31) // 32
+
+    # -- compilation ----------------------------------------------------------------------------
+    def _get_compiler(self) -> Any:
+        with self._lock:
+            if self._compiler is None:
+                import xgrammar as xgr
+
+                from host.core.models.tokenizer import get_tokenizer
+
+                tokenizer = get_tokenizer(self.tokenizer_path)
+                info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=self.vocab_size)
+                self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+            return self._compiler
+
+    def _compile(self, params: StructuredOutputsParams) -> Any:
+        import xgrammar as xgr
+
+        compiler = self._get_compiler()
+        kind = params.kind
+        if kind == "json":
+            schema = params.json if not isinstance(params.json, bool) else {}
+            compiled = compiler.compile_json_schema(json.dumps(schema), any_whitespace=False)
+        elif kind == "json_object":
+            compiled = compiler.compile_builtin_json_grammar()
+        elif kind == "regex":
+            compiled = compiler.compile_regex(params.regex)
+        elif kind == "choice":
+            compiled = compiler.compile_grammar(choice_grammar(params.choice or []))
+        else:
+            compiled = compiler.compile_grammar(params.grammar)
+        return xgr.GrammarMatcher(compiled)
+
+    def grammar_init(self, request: "Request") -> None:
+        """Start compiling the request's constraint (the request waits until it is done)."""
+        params = request.sampling_params.structured_outputs
+        assert params is not None
+        request.structured_output = StructuredOutputRequest(params, self._executor.submit(self._compile, params))
+
+    # -- every step -----------------------------------------------------------------------------
+    def grammar_bitmask(self, requests: list["Request"]) -> torch.Tensor:
+        """int32 ``[len(requests), ceil(vocab / 32)]``: row ``i`` allows the tokens request
+        ``i``'s grammar accepts next (all set once the grammar has terminated)."""
+        bitmask = torch.full((len(requests), self.words), -1, dtype=torch.int32)
+        for i, request in enumerate(requests):
+            so = request.structured_output
+            if so is not None and so.matcher is not None and not so.matcher.is_terminated():
+                so.matcher.fill_next_token_bitmask(bitmask, i)
+        return bitmask
+
+    @staticmethod
+    def accept_tokens(request: "Request", token_ids: list[int]) -> bool:
+        """Advance the request's grammar; False if a token is not allowed (it then stays put)."""
+        so = request.structured_output
+        if so is None or so.matcher is None:
+            return True
+        for tok in token_ids:
+            if so.matcher.is_terminated():
+                return True
+            if not so.matcher.accept_token(tok):
+                return False
+        return True
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def bitmask_to_bool(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Unpack int32 bitmask rows ``[n, words]`` into bool ``[n, vocab]`` (True = allowed)."""
+    shifts = torch.arange(32, dtype=torch.int32)
+    bits = (bitmask.unsqueeze(-1) >> shifts) & 1
+    return bits.reshape(bitmask.shape[0], -1)[:, :vocab].bool()

@@ -1,0 +1,163 @@
+"""The HTTP server: a FastAPI app assembled from endpoint plugins, in front of an engine-core
+process.
+
+The core owns only the frame: error handling (every error is an OpenAI-style body), bearer
+auth on ``/v1`` routes, the engine's life cycle and the app state. Every route — the OpenAI
+API included — comes from an :class:`host.sdk.EndpointPlugin` in the ``host.endpoints``
+registry. A plugin whose ``required_tasks`` the model does not support is skipped with an INFO
+line; two plugins claiming the same method and path are a start-up error naming both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+logger = logging.getLogger("host.api")
+
+MODEL_TASKS = ("generate",)  # what the decoder-only models we load support
+
+
+@dataclass
+class ServerSettings:
+    """What the app needs beyond the engine config."""
+
+    served_model_names: list[str] = field(default_factory=list)
+    api_key: str | None = None
+    model_tasks: tuple[str, ...] = MODEL_TASKS
+
+
+def _error(status: int, message: str, type_: str, param: str | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": type_, "param": param, "code": status}}, status_code=status)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    parts, param = [], None
+    for err in exc.errors():
+        if err.get("type") == "json_invalid":
+            detail = (err.get("ctx") or {}).get("error", "")
+            return f"the request body is not valid JSON ({detail})" if detail else "the request body is not valid JSON", None
+        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+        if loc and param is None:
+            param = ".".join(loc)
+        parts.append(f"{'.'.join(loc) or 'body'}: {err.get('msg', 'invalid')}")
+    return "; ".join(parts) or "invalid request body", param
+
+
+def select_endpoints(plugin_host: Any, model_tasks: tuple[str, ...]) -> list[Any]:
+    """The endpoint plugins to attach, in registration order."""
+    chosen, claimed = [], {}
+    registry = plugin_host.registry("endpoints")
+    for name, plugin in registry.items():
+        needs = plugin.required_tasks
+        if needs is not None and not set(needs) & set(model_tasks):
+            logger.info(
+                "endpoint plugin %r skipped: it needs a model with task(s) %s, this model supports %s",
+                name, ", ".join(needs), ", ".join(model_tasks),
+            )
+            continue
+        for route in plugin.routes():
+            key = (route[0].upper(), route[1])
+            if key in claimed:
+                raise RuntimeError(
+                    f"endpoint plugins {claimed[key]!r} and {name!r} both serve {key[0]} {key[1]}; "
+                    "block one of them with --block-plugins"
+                )
+            claimed[key] = name
+        chosen.append(plugin)
+    return chosen
+
+
+def build_app(config: Any, settings: ServerSettings, plugin_host: Any, engine: Any = None, start_engine: bool = True) -> FastAPI:
+    """The app. With ``start_engine`` the engine process is started in the app's lifespan (so
+    its sockets live on uvicorn's event loop) and stopped when the server stops."""
+    from host.core.frontend.async_llm import AsyncLLM, EngineDeadError
+    from host.core.entrypoints.metrics import ServerMetrics
+    from host.plugins.endpoints.common import APIError
+
+    endpoints = select_endpoints(plugin_host, settings.model_tasks)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state = app.state
+        if start_engine and state.engine is None:
+            state.engine = await AsyncLLM.start(config)
+        if state.engine is not None:
+            state.engine.metrics = state.metrics
+        for plugin in endpoints:
+            await plugin.init_state(state.engine, state, settings)
+        state.ready.set()
+        try:
+            yield
+        finally:
+            if state.engine is not None and start_engine:
+                await state.engine.shutdown()
+
+    app = FastAPI(title="host", version=_version(), lifespan=lifespan)
+    state = app.state
+    state.engine = engine
+    state.config = config
+    state.settings = settings
+    state.served_model_names = settings.served_model_names or [config.model.served_model_name or os.path.basename(str(config.model.model).rstrip("/")) or "default"]
+    state.max_model_len = config.model.max_model_len
+    state.model_path = config.model.model
+    state.started_at = time.time()
+    state.metrics = ServerMetrics(state.served_model_names[0])
+    state.ready = asyncio.Event()
+    state.endpoints = [p.name for p in endpoints]
+
+    @app.exception_handler(APIError)
+    async def api_error(_: Request, exc: APIError) -> JSONResponse:
+        return JSONResponse({"error": {"message": exc.message, "type": exc.type, "param": exc.param, "code": exc.code}}, status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return _error(400, message, "BadRequestError", param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        type_ = {404: "NotFoundError", 405: "MethodNotAllowedError", 401: "AuthenticationError"}.get(exc.status_code, "HTTPError")
+        return _error(exc.status_code, str(exc.detail), type_)
+
+    @app.exception_handler(ValueError)
+    async def value_error(_: Request, exc: ValueError) -> JSONResponse:
+        return _error(400, str(exc), "BadRequestError")
+
+    @app.exception_handler(EngineDeadError)
+    async def engine_dead(_: Request, exc: EngineDeadError) -> JSONResponse:
+        return _error(503, f"the engine is not running: {exc}", "ServiceUnavailableError")
+
+    @app.exception_handler(Exception)
+    async def internal(_: Request, exc: Exception) -> JSONResponse:
+        logger.exception("internal error")
+        return _error(500, f"internal error: {type(exc).__name__}: {exc}", "InternalServerError")
+
+    if settings.api_key:
+        expected = f"Bearer {settings.api_key}"
+
+        @app.middleware("http")
+        async def require_key(request: Request, call_next: Any) -> Any:
+            if request.url.path.startswith("/v1") and request.headers.get("authorization") != expected:
+                return _error(401, "missing or wrong API key: send 'Authorization: Bearer <key>'", "AuthenticationError")
+            return await call_next(request)
+
+    for plugin in endpoints:
+        plugin.attach_router(app)
+    return app
+
+
+def _version() -> str:
+    from host import __version__
+
+    return __version__

@@ -1,0 +1,39 @@
+"""The ``host`` command: serving, offline generation and plugin administration."""
+
+from __future__ import annotations
+
+import typer
+
+from host import __version__
+from host.core.entrypoints.cli.bench_cmd import bench_app
+from host.core.entrypoints.cli.generate_cmd import chat_cmd, generate_cmd
+from host.core.entrypoints.cli.plugins_cmd import platform_cmd, plugins_app
+from host.core.entrypoints.cli.serve_cmd import serve_cmd
+from host.core.logging_config import configure_logging
+
+app = typer.Typer(
+    help="host: an LLM inference and serving engine built as a plugin host.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+app.add_typer(plugins_app, name="plugins")
+app.add_typer(bench_app, name="bench")
+app.command("platform")(platform_cmd)
+app.command("generate")(generate_cmd)
+app.command("chat")(chat_cmd)
+app.command("serve")(serve_cmd)
+
+
+@app.command("version")
+def version() -> None:
+    """Print host's version."""
+    typer.echo(__version__)
+
+
+def main() -> None:
+    configure_logging("WARNING")
+    app()
+
+
+if __name__ == "__main__":
+    main()

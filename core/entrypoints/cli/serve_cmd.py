@@ -1,0 +1,150 @@
+"""``host serve [MODEL]``: the OpenAI-compatible HTTP server.
+
+The API server runs in this process; the engine core in a child process it starts and stops.
+Plugin flags become the ``HOST_*`` environment so the engine process sees the same settings.
+Start-up prints the platform, the attention backend, the plugins each process loaded and the
+address; SIGINT / SIGTERM shut down gracefully (in-flight requests end, the engine stops).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Optional
+
+import typer
+
+from host.core.entrypoints.cli.generate_cmd import (
+    AsyncSchedulingOpt,
+    CudaGraphSizesOpt,
+    CustomOpsOpt,
+    DtypeOpt,
+    EnforceEagerOpt,
+    GpuMemoryUtilizationOpt,
+    KvCacheMemoryOpt,
+    LoadFormatOpt,
+    MaxModelLenOpt,
+    MaxNumBatchedTokensOpt,
+    MaxNumSeqsOpt,
+    OptLevelOpt,
+    PrefixCachingOpt,
+    TorchCompileOpt,
+    engine_flag_kwargs,
+)
+
+
+def serve_cmd(
+    model: Optional[str] = typer.Argument(None, help="HF model directory or .gguf file (default: SmolLM2-135M-Instruct)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
+    port: int = typer.Option(8000, "--port"),
+    plugins: Optional[str] = typer.Option(None, "--plugins", help="Allowlist of third-party plugins (comma-separated; '' = none)."),
+    block_plugins: Optional[str] = typer.Option(None, "--block-plugins", help="Plugins never to load, built-ins included."),
+    strict_plugins: bool = typer.Option(False, "--strict-plugins", help="Any plugin failure is fatal."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="HOST_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1 routes."),
+    served_model_name: Optional[list[str]] = typer.Option(None, "--served-model-name", help="Name(s) clients use for the model."),
+    max_model_len: Optional[int] = MaxModelLenOpt,
+    max_num_seqs: Optional[int] = MaxNumSeqsOpt,
+    max_num_batched_tokens: Optional[int] = MaxNumBatchedTokensOpt,
+    kv_cache_memory: Optional[str] = KvCacheMemoryOpt,
+    gpu_memory_utilization: Optional[float] = GpuMemoryUtilizationOpt,
+    enable_prefix_caching: Optional[bool] = PrefixCachingOpt,
+    dtype: Optional[str] = DtypeOpt,
+    load_format: Optional[str] = LoadFormatOpt,
+    optimization_level: Optional[int] = OptLevelOpt,
+    enforce_eager: bool = EnforceEagerOpt,
+    custom_ops: Optional[bool] = CustomOpsOpt,
+    torch_compile: Optional[bool] = TorchCompileOpt,
+    cuda_graph_sizes: Optional[str] = CudaGraphSizesOpt,
+    async_scheduling: Optional[bool] = AsyncSchedulingOpt,
+    log_level: str = typer.Option("info", "--log-level", help="uvicorn / host log level."),
+) -> None:
+    """Serve MODEL over an OpenAI-compatible HTTP API."""
+    from host.core.logging_config import configure_logging
+    from host.core.plugins.settings import PluginSettings
+
+    configure_logging(log_level.upper())
+    settings = PluginSettings.from_env(plugins=plugins, block_plugins=block_plugins, strict=strict_plugins or None)
+    os.environ.update(settings.to_env())  # the engine process inherits them
+    try:
+        run_server(
+            model,
+            host=host,
+            port=port,
+            api_key=api_key,
+            served_model_names=list(served_model_name or []),
+            log_level=log_level,
+            engine_kwargs=engine_flag_kwargs(
+                max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                kv_cache_memory=kv_cache_memory, gpu_memory_utilization=gpu_memory_utilization,
+                enable_prefix_caching=enable_prefix_caching, dtype=dtype, load_format=load_format,
+                async_scheduling=async_scheduling, optimization_level=optimization_level, enforce_eager=enforce_eager,
+                custom_ops=custom_ops, torch_compile=torch_compile, cuda_graph_sizes=cuda_graph_sizes,
+            ),
+        )
+    except (ValueError, RuntimeError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=2)
+
+
+def _describe_plugins(records: list[dict[str, Any]]) -> str:
+    loaded = sorted({f"{r['name']}" for r in records if r.get("status") == "loaded"})
+    failed = sorted({f"{r['name']}" for r in records if r.get("status") == "failed"})
+    text = ", ".join(loaded) or "none"
+    return text + (f" (failed: {', '.join(failed)})" if failed else "")
+
+
+def run_server(
+    model: str | None,
+    *,
+    host: str,
+    port: int,
+    api_key: str | None,
+    served_model_names: list[str],
+    log_level: str,
+    engine_kwargs: dict[str, Any],
+) -> None:
+    import asyncio
+
+    import uvicorn
+
+    from host.core.entrypoints.api_server import ServerSettings, build_app
+    from host.core.engine_args import EngineArgs
+    from host.core.plugins.manager import get_plugin_host
+
+    plugin_host = get_plugin_host()
+    plugin_host.bootstrap("api")
+    config = EngineArgs.from_kwargs(model=model, served_model_name=(served_model_names or [None])[0], **engine_kwargs).create_engine_config()
+    app = build_app(config, ServerSettings(served_model_names=served_model_names, api_key=api_key), plugin_host)
+
+    async def announce() -> None:
+        await app.state.ready.wait()
+        engine = app.state.engine
+        info = engine.engine_info
+        try:
+            engine_plugins = await engine.utility("plugins", timeout=10)
+        except Exception:  # noqa: BLE001
+            engine_plugins = []
+        api_plugins = [r.to_dict() for r in plugin_host.list_records()]
+        lines = [
+            f"host serve: model {config.model.model} as {', '.join(app.state.served_model_names)} "
+            f"(max_model_len {config.model.max_model_len}, dtype {config.model.dtype})",
+            f"  platform: {info.get('platform')}; attention backend: {info.get('attention_backend')}; "
+            f"KV cache: {info.get('num_gpu_blocks')} blocks of {info.get('block_size')} tokens; "
+            f"{config.compilation.describe()}",
+            f"  plugins (api process {os.getpid()}): {_describe_plugins(api_plugins)}",
+            f"  plugins (engine process {info.get('pid')}): {_describe_plugins(engine_plugins)}",
+            f"  routes from: {', '.join(app.state.endpoints)}",
+            f"  listening on http://{host}:{port}" + ("  (API key required on /v1)" if api_key else ""),
+        ]
+        print("\n".join(lines), file=sys.stderr, flush=True)
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            if not self.should_exit:
+                asyncio.ensure_future(announce())
+
+    server = Server(uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(), lifespan="on", timeout_graceful_shutdown=10))
+    server.run()
+    if not server.started:
+        raise RuntimeError("the server did not start (see the log above)")

@@ -1,0 +1,658 @@
+"""The model runner: turns a :class:`SchedulerOutput` into one forward pass and sampled tokens.
+
+It keeps a *persistent batch*: per-request rows of token ids, computed-token counts and block
+tables that live across steps, so each step only applies what changed (new requests, new
+blocks, finished requests) instead of rebuilding the batch. Inputs (``input_ids``, ``positions``,
+``slot_mapping``, ``query_start_loc``, ``seq_lens``) are built with vectorised numpy/torch ops
+over the whole batch, never with a per-token Python loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from host.core.config import EngineConfig
+from host.core.worker.forward_context import ForwardContext, set_forward_context
+from host.core.worker.graph_runner import DecodeGraphs
+from host.core.engine.outputs import ModelRunnerOutput, NewRequestData, SchedulerOutput, TokenLogprobs
+from host.core.engine.structured_output import bitmask_to_bool
+from host.core.worker.sampler import LogprobsTensors, Sampler, gather_logprobs, make_metadata, seeded_generator
+from host.sdk.attention import AttentionBackend, CommonAttentionMetadata
+
+logger = logging.getLogger("host.model_runner")
+
+
+@dataclass
+class StepTiming:
+    """Where one step's time went: the sampler (metadata included) against the whole step."""
+
+    num_reqs: int
+    num_tokens: int
+    sampler_s: float
+    step_s: float
+
+
+@dataclass
+class StepInputs:
+    """One step's flattened batch on the host: token ``t`` belongs to request
+    ``req_indices[t]``; request ``i`` owns ``query_start_loc[i]:query_start_loc[i+1]``."""
+
+    req_ids: list[str]
+    rows: np.ndarray  # int64 [num_reqs]: each request's row in the persistent batch
+    num_scheduled: np.ndarray  # int64 [num_reqs]
+    input_ids: np.ndarray  # int64 [num_tokens]
+    positions: np.ndarray  # int64 [num_tokens]
+    slot_mapping: np.ndarray  # int64 [num_tokens]
+    query_start_loc: np.ndarray  # int32 [num_reqs + 1]
+    seq_lens: np.ndarray  # int32 [num_reqs]
+    block_table: np.ndarray  # int32 [num_reqs, max_blocks] (a view of the persistent batch)
+    # (flat token indices, rows of the previous step's sampled ids) for tokens still in flight
+    placeholders: tuple[np.ndarray, np.ndarray] | None = None
+
+
+class HostStaging:
+    """Host-to-device copies of step inputs without a host wait.
+
+    On an accelerator each named input has a pinned (page-locked) host buffer and the copy to
+    the device is asynchronous. Steps alternate between two sets of buffers: with asynchronous
+    scheduling step N is prepared while step N-1's copies may still be queued, but step N-2 has
+    finished (its sampled ids were waited for), so the set step N writes is free. On a CPU
+    device the numpy arrays are used as they are."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.pinned = device.type != "cpu"
+        self._sets: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]] = ({}, {})
+        self._buffers = self._sets[0]
+
+    def next_step(self) -> None:
+        """Switch to the other buffer set (call once at the start of every step)."""
+        self._buffers = self._sets[1] if self._buffers is self._sets[0] else self._sets[0]
+
+    def _host(self, name: str, array: np.ndarray) -> torch.Tensor:
+        src = torch.from_numpy(np.ascontiguousarray(array))
+        if not self.pinned:
+            return src
+        n = src.numel()
+        buf = self._buffers.get(name)
+        if buf is None or buf.numel() < n or buf.dtype != src.dtype:
+            buf = torch.empty(max(n, 1024), dtype=src.dtype, pin_memory=True)
+            self._buffers[name] = buf
+        view = buf[:n].view(src.shape)
+        view.copy_(src)
+        return view
+
+    def to_device(self, name: str, array: np.ndarray) -> torch.Tensor:
+        return self._host(name, array).to(self.device, non_blocking=True)
+
+    def copy_into(self, dst: torch.Tensor, name: str, array: np.ndarray) -> None:
+        dst.copy_(self._host(name, array), non_blocking=True)
+
+
+class PendingStep:
+    """A launched step whose sampled token ids are on their way to the host: the copy goes to
+    pinned memory asynchronously, and :meth:`get_output` waits for it (an event, not a device
+    synchronisation), then records the tokens in the persistent batch."""
+
+    def __init__(self, runner: "ModelRunner", req_ids: list[str], final: np.ndarray, logprobs_k: list[int | None],
+                 result: Any, prompt_logprobs: dict[str, list[TokenLogprobs]], timing: tuple[float, float, int]) -> None:
+        self.runner = runner
+        self.req_ids = req_ids
+        self.final = final
+        self.logprobs_k = logprobs_k
+        self.logprobs = result.logprobs
+        self.prompt_logprobs = prompt_logprobs
+        self.timing = timing
+        ids = result.sampled_token_ids
+        self._event = None
+        if ids.device.type == "cpu":
+            self._host = ids
+        else:
+            self._host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
+            self._host.copy_(ids, non_blocking=True)
+            self._event = getattr(torch, ids.device.type).Event()
+            self._event.record()
+        self._output: ModelRunnerOutput | None = None
+
+    def get_output(self) -> ModelRunnerOutput:
+        if self._output is not None:
+            return self._output
+        if self._event is not None:
+            self._event.synchronize()  # the step's one wait for the device
+        sampled = self._host.tolist()
+        lp = self.logprobs
+        if lp is not None and lp.token_ids.device.type != "cpu":
+            lp = LogprobsTensors(lp.token_ids.cpu(), lp.logprobs.cpu(), lp.ranks.cpu())
+        t_sampled = time.perf_counter()
+        sampled_lists, logprob_lists = self.runner._record_step(self.req_ids, self.final, sampled, self.logprobs_k, lp)
+        runner = self.runner
+        if runner.step_timings is not None:
+            t_start, t_sample, num_tokens = self.timing
+            runner.step_timings.append(StepTiming(len(self.req_ids), num_tokens, t_sampled - t_sample, time.perf_counter() - t_start))
+        self._output = ModelRunnerOutput(
+            req_ids=self.req_ids,
+            req_id_to_index={r: i for i, r in enumerate(self.req_ids)},
+            sampled_token_ids=sampled_lists,
+            logprobs=logprob_lists if any(x is not None for x in logprob_lists) else None,
+            prompt_logprobs=self.prompt_logprobs,
+        )
+        return self._output
+
+
+@dataclass
+class CachedRequestState:
+    """What the runner remembers about one request between steps."""
+
+    req_id: str
+    prompt_token_ids: list[int]
+    sampling_params: Any
+    block_ids: list[int]
+    num_computed_tokens: int
+    output_token_ids: list[int] = field(default_factory=list)
+    eos_token_id: int | None = None
+    _allowed: torch.Tensor | None = field(default=None, repr=False)
+
+    def allowed_mask(self, vocab: int) -> torch.Tensor:
+        """bool [vocab]: the ``allowed_token_ids`` whitelist (built once per request)."""
+        if self._allowed is None:
+            mask = torch.zeros(vocab, dtype=torch.bool)
+            mask[torch.tensor(self.sampling_params.allowed_token_ids, dtype=torch.int64)] = True
+            self._allowed = mask
+        return self._allowed
+
+
+class InputBatch:
+    """Fixed-capacity rows holding the persistent state of the running requests.
+
+    Row ``i`` has the token ids of one request (prompt then outputs), how many of them are
+    known, and its block table. Removing a request leaves a hole that :meth:`condense` fills by
+    moving the last rows down, so rows ``0..num_reqs-1`` are always dense.
+    """
+
+    def __init__(self, max_num_reqs: int, max_model_len: int, max_blocks_per_req: int) -> None:
+        self.max_num_reqs = max_num_reqs
+        self.max_model_len = max_model_len
+        self.token_ids = np.zeros((max_num_reqs, max_model_len), dtype=np.int64)
+        self.num_tokens = np.zeros(max_num_reqs, dtype=np.int64)
+        self.num_computed_tokens = np.zeros(max_num_reqs, dtype=np.int64)
+        self.block_table = np.zeros((max_num_reqs, max_blocks_per_req), dtype=np.int32)
+        self.num_blocks = np.zeros(max_num_reqs, dtype=np.int64)
+        self.req_ids: list[str | None] = []
+        self.req_id_to_index: dict[str, int] = {}
+        self.states: list[CachedRequestState | None] = []
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.req_id_to_index)
+
+    def add(self, state: CachedRequestState) -> None:
+        try:
+            index = self.req_ids.index(None)
+        except ValueError:
+            index = len(self.req_ids)
+            if index >= self.max_num_reqs:
+                raise RuntimeError(f"persistent batch is full ({self.max_num_reqs} requests)") from None
+            self.req_ids.append(None)
+            self.states.append(None)
+        self.req_ids[index] = state.req_id
+        self.states[index] = state
+        self.req_id_to_index[state.req_id] = index
+        ids = state.prompt_token_ids + state.output_token_ids
+        self.token_ids[index, : len(ids)] = ids
+        self.num_tokens[index] = len(ids)
+        self.num_computed_tokens[index] = state.num_computed_tokens
+        self.num_blocks[index] = 0
+        self.append_blocks(index, state.block_ids)
+
+    def append_blocks(self, index: int, block_ids: list[int]) -> None:
+        start = int(self.num_blocks[index])
+        end = start + len(block_ids)
+        if end > self.block_table.shape[1]:
+            raise RuntimeError(f"block table row overflow: {end} > {self.block_table.shape[1]} blocks")
+        self.block_table[index, start:end] = block_ids
+        self.num_blocks[index] = end
+
+    def remove(self, req_id: str) -> None:
+        index = self.req_id_to_index.pop(req_id, None)
+        if index is None:
+            return
+        self.req_ids[index] = None
+        self.states[index] = None
+
+    def condense(self) -> None:
+        """Move live rows from the tail into holes so live rows are ``0..num_reqs-1``."""
+        n = self.num_reqs
+        holes = [i for i in range(n) if self.req_ids[i] is None]
+        movers = [i for i in range(n, len(self.req_ids)) if self.req_ids[i] is not None]
+        for hole, src in zip(holes, movers):
+            req_id = self.req_ids[src]
+            k = int(self.num_tokens[src])
+            self.token_ids[hole, :k] = self.token_ids[src, :k]
+            self.num_tokens[hole] = k
+            self.num_computed_tokens[hole] = self.num_computed_tokens[src]
+            nb = int(self.num_blocks[src])
+            self.block_table[hole, :nb] = self.block_table[src, :nb]
+            self.num_blocks[hole] = nb
+            self.req_ids[hole] = req_id
+            self.states[hole] = self.states[src]
+            self.req_id_to_index[req_id] = hole
+        del self.req_ids[n:]
+        del self.states[n:]
+
+
+class ModelRunner:
+    """Owns the model, the KV cache tensors and the persistent batch of one worker."""
+
+    def __init__(self, config: EngineConfig, device: torch.device, platform: Any) -> None:
+        self.config = config
+        self.device = device
+        self.platform = platform
+        self.model: torch.nn.Module | None = None
+        self.hf_config: Any = None
+        self.dtype: torch.dtype = torch.float32
+        self.attn_backend: type[AttentionBackend] | None = None
+        self.kv_caches: list[torch.Tensor] = []
+        self.kv_buffer: torch.Tensor | None = None
+        self.input_batch: InputBatch | None = None
+        self.sampler = Sampler()
+        self._forward: Any = None  # the model, or its compiled forward (-O3)
+        self.staging = HostStaging(device)
+        # the last step's sampled ids (on the device) and each request's row in them
+        self._prev_sampled: tuple[torch.Tensor, dict[str, int]] | None = None
+        self.num_in_flight_tokens = 0  # inputs taken from the device (asynchronous scheduling)
+        self.decode_graphs: DecodeGraphs | None = None
+        self._attention_layers: dict[int, Any] = {}
+        # set to a list to record a StepTiming per step (benchmarks read it)
+        self.step_timings: list[StepTiming] | None = None
+        self._attn_builder: Any = None
+        self.block_size = config.cache.block_size
+        if config.compilation.custom_ops is None:  # a config built without EngineArgs
+            config.compilation.resolve(config.scheduler.max_num_seqs, platform.can_capture_graphs())
+
+    # -- start-up ----------------------------------------------------------------------------
+
+    def load_model(self) -> None:
+        from host.core.worker.attention_selector import select_attention_backend
+        from host.core.models.loader import load_model
+
+        self.dtype = getattr(torch, self.config.model.dtype)  # resolved by EngineArgs
+        self.attn_backend = select_attention_backend(self.config, self.platform, self.config.model.hf_config, self.dtype)
+        self.model, self.hf_config = load_model(
+            self.config.model, self.config.load, self.attn_backend, device=self.device
+        )
+        self.model.eval()
+        self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        self.platform.prepare_model(self.model, self.config)
+        self.sampler = Sampler(draw_kernel=self.platform.sampling_kernel(self.config))
+        self._maybe_compile()
+        logger.info(
+            "Loaded %s (%s) with attention backend %s",
+            self.config.model.architecture,
+            self.config.model.dtype,
+            self.attn_backend.name,
+        )
+
+    def _maybe_compile(self) -> None:
+        """``-O3`` (or ``--torch-compile``): compile the model's forward with ``torch.compile`` (the platform's backend,
+        dynamic token count). Attention becomes the opaque ``host::attention`` op, so the graph
+        runs from the embedding to the final norm with attention calls in between."""
+        from host.core.models.attention_layer import Attention
+
+        self._attention_layers = {m.layer_idx: m for m in self.model.modules() if isinstance(m, Attention)}
+        self._forward = self.model
+        if not self.config.compilation.torch_compile:
+            return
+        for layer in self._attention_layers.values():
+            layer.opaque = True
+        backend = getattr(self.platform, "simple_compile_backend", "inductor")
+        self._forward = torch.compile(self.model, backend=backend, dynamic=True)
+        logger.info("-O3: model forward compiled with torch.compile (backend %s, dynamic shapes)", backend)
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.hf_config.num_hidden_layers)
+
+    @property
+    def num_kv_heads(self) -> int:
+        return int(getattr(self.hf_config, "num_key_value_heads", None) or self.hf_config.num_attention_heads)
+
+    @property
+    def head_size(self) -> int:
+        return int(getattr(self.hf_config, "head_dim", None) or self.hf_config.hidden_size // self.hf_config.num_attention_heads)
+
+    def get_kv_cache_specs(self) -> list[Any]:
+        """One spec per attention layer (all full attention for the supported models)."""
+        from host.core.kv_cache.spec import FullAttentionSpec, SlidingWindowSpec
+
+        window = getattr(self.hf_config, "sliding_window", None) if getattr(self.hf_config, "use_sliding_window", False) else None
+        specs = []
+        for _ in range(self.num_layers):
+            if window:
+                specs.append(SlidingWindowSpec(self.block_size, self.num_kv_heads, self.head_size, self.config.model.dtype, sliding_window=int(window)))
+            else:
+                specs.append(FullAttentionSpec(self.block_size, self.num_kv_heads, self.head_size, self.config.model.dtype))
+        return specs
+
+    def model_memory_bytes(self) -> int:
+        """Bytes of the model's weights as loaded (before any platform repacking)."""
+        return self.weight_bytes
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        """Allocate one flat buffer for every layer's KV cache and view it per layer."""
+        assert self.attn_backend is not None
+        shape = self.attn_backend.get_kv_cache_shape(num_blocks, self.block_size, self.num_kv_heads, self.head_size)
+        per_layer = int(np.prod(shape))
+        self.kv_buffer = torch.zeros(per_layer * self.num_layers, dtype=self.dtype, device=self.device)
+        self.kv_caches = [
+            self.kv_buffer[i * per_layer : (i + 1) * per_layer].view(shape) for i in range(self.num_layers)
+        ]
+        max_model_len = self.config.scheduler.max_model_len
+        max_blocks = -(-max_model_len // self.block_size)
+        self.input_batch = InputBatch(self.config.scheduler.max_num_seqs, max_model_len, max_blocks)
+        self.num_blocks = num_blocks
+        logger.info(
+            "KV cache: %d blocks of %d tokens, %.1f MiB", num_blocks, self.block_size, self.kv_buffer.numel() * self.kv_buffer.element_size() / 2**20
+        )
+        self._maybe_capture_graphs()
+
+    def _maybe_capture_graphs(self) -> None:
+        """Capture decode graphs when the compilation config asks for them. A backend that
+        cannot run inside a graph turns them off with a warning at the level's default, and is
+        an error when graphs were asked for explicitly."""
+        compilation = self.config.compilation
+        if not compilation.cuda_graphs or not compilation.cuda_graph_sizes:
+            return
+        if not getattr(self.attn_backend, "supports_cuda_graphs", False):
+            message = (
+                f"attention backend {self.attn_backend.name!r} cannot run inside device graphs"
+            )
+            if "cuda_graphs" in compilation.explicit or "cuda_graph_sizes" in compilation.explicit:
+                raise ValueError(f"{message}; drop --cuda-graph-sizes or choose a backend that can (triton_paged)")
+            logger.warning("%s; decode graphs are off", message)
+            compilation.cuda_graphs = False
+            compilation.cuda_graph_sizes = []
+            return
+        self.decode_graphs = DecodeGraphs(self, compilation.cuda_graph_sizes)
+        with torch.inference_mode():
+            self.decode_graphs.capture()
+
+    @torch.inference_mode()
+    def profile_run(self) -> None:
+        """The largest step the scheduler can issue, for memory profiling before the KV cache
+        exists: ``max_num_batched_tokens`` dummy tokens through the (possibly compiled) forward
+        with attention skipped (metadata ``None``: the backends return zeros and touch no
+        cache), then logits and a random draw for ``max_num_seqs`` rows."""
+        from host.core.worker.sampler import SamplingMetadata
+
+        sched = self.config.scheduler
+        n = max(1, min(sched.max_num_batched_tokens, sched.max_num_seqs * sched.max_model_len))
+        input_ids = torch.zeros(n, dtype=torch.int64, device=self.device)
+        positions = torch.arange(n, device=self.device) % sched.max_model_len
+        no_cache = [torch.empty(0, dtype=self.dtype, device=self.device)] * self.num_layers
+        with set_forward_context(ForwardContext(None, no_cache, {"attention_layers": self._attention_layers})):
+            hidden = (self._forward if self._forward is not None else self.model)(input_ids, positions)
+        rows = min(sched.max_num_seqs, n)
+        logits = self.model.compute_logits(hidden[:rows])
+        md = SamplingMetadata(temperature=torch.ones(rows), all_greedy=False, all_random=True,
+                              top_k=torch.full((rows,), 50, dtype=torch.int64), top_p=torch.full((rows,), 0.9))
+        self.sampler(logits, md)
+
+    # -- one step ----------------------------------------------------------------------------
+
+    def _update_states(self, so: SchedulerOutput) -> None:
+        batch = self.input_batch
+        assert batch is not None
+        for req_id in so.finished_req_ids | so.preempted_req_ids:
+            batch.remove(req_id)
+        for new in so.scheduled_new_reqs:
+            batch.remove(new.req_id)  # resumed after preemption: start over
+            batch.add(self._state_from_new(new))
+        cached = so.scheduled_cached_reqs
+        for req_id, new_blocks, computed in zip(cached.req_ids, cached.new_block_ids, cached.num_computed_tokens):
+            index = batch.req_id_to_index[req_id]
+            batch.num_computed_tokens[index] = computed
+            if new_blocks:
+                batch.append_blocks(index, new_blocks)
+                batch.states[index].block_ids.extend(new_blocks)
+        batch.condense()
+
+    @staticmethod
+    def _state_from_new(new: NewRequestData) -> CachedRequestState:
+        """The runner's state starts as the scheduler's description, field for field (lists
+        copied: the runner appends to them)."""
+        fields = {f.name: getattr(new, f.name) for f in dataclasses.fields(new)}
+        return CachedRequestState(**{k: list(v) if isinstance(v, list) else v for k, v in fields.items()})
+
+    def _prepare_inputs(self, so: SchedulerOutput) -> StepInputs:
+        """The step's flattened inputs as host arrays, built with vectorised numpy."""
+        batch = self.input_batch
+        assert batch is not None
+        scheduled = so.num_scheduled_tokens
+        live = batch.req_ids[: batch.num_reqs]
+        if len(scheduled) == len(live):
+            rows = np.arange(len(live))
+            req_ids = list(live)
+        else:
+            # a running request can sit a step out (asynchronous scheduling: its token in flight
+            # already ends it); the step covers the scheduled rows only
+            rows = np.array([i for i, r in enumerate(live) if r in scheduled], dtype=np.int64)
+            req_ids = [live[i] for i in rows]
+        num_reqs = len(req_ids)
+        num_scheduled = np.array([scheduled[r] for r in req_ids], dtype=np.int64)
+        total = int(num_scheduled.sum())
+        cu = np.cumsum(num_scheduled)
+        req_indices = np.repeat(rows, num_scheduled)  # the batch row of each token
+        offsets = np.arange(total) - np.repeat(cu - num_scheduled, num_scheduled)
+        computed = batch.num_computed_tokens[rows]
+        positions = batch.num_computed_tokens[req_indices] + offsets
+        flat_index = req_indices * batch.max_model_len + positions
+        input_ids = batch.token_ids.reshape(-1)[flat_index]
+        block_numbers = batch.block_table[req_indices, positions // self.block_size]
+        slot_mapping = block_numbers.astype(np.int64) * self.block_size + positions % self.block_size
+        query_start_loc = np.zeros(num_reqs + 1, dtype=np.int32)
+        query_start_loc[1:] = cu
+        seq_lens = (computed + num_scheduled).astype(np.int32)
+        max_blocks = int(batch.num_blocks[rows].max()) if num_reqs else 0
+        # input tokens the previous step sampled but the host has not seen yet (asynchronous
+        # scheduling): their ids are taken from that step's device tensor
+        in_flight = positions >= batch.num_tokens[req_indices]
+        placeholders = None
+        if in_flight.any():
+            prev_rows = self._prev_sampled[1]
+            flat = np.flatnonzero(in_flight)
+            src = np.array([prev_rows[live[r]] for r in req_indices[flat]], dtype=np.int64)
+            placeholders = (flat, src)
+        block_table = batch.block_table[:num_reqs, :max_blocks] if num_reqs == len(live) else batch.block_table[rows, :max_blocks]
+        return StepInputs(
+            req_ids=req_ids,
+            rows=rows,
+            num_scheduled=num_scheduled,
+            input_ids=input_ids,
+            positions=positions,
+            slot_mapping=slot_mapping,
+            query_start_loc=query_start_loc,
+            seq_lens=seq_lens,
+            block_table=block_table,
+            placeholders=placeholders,
+        )
+
+    def _attention_metadata(self, inputs: StepInputs) -> CommonAttentionMetadata:
+        """Device copies of the step's layout (through pinned memory on an accelerator, without
+        waiting), plus the host copies metadata builders may read without a sync."""
+        stage = self.staging
+        num_reqs = len(inputs.req_ids)
+        return CommonAttentionMetadata(
+            query_start_loc=stage.to_device("qsl", inputs.query_start_loc),
+            seq_lens=stage.to_device("seq", inputs.seq_lens),
+            block_table=stage.to_device("blocks", inputs.block_table),
+            slot_mapping=stage.to_device("slots", inputs.slot_mapping),
+            num_reqs=num_reqs,
+            num_actual_tokens=len(inputs.input_ids),
+            max_query_len=int(inputs.num_scheduled.max()) if num_reqs else 0,
+            max_seq_len=int(inputs.seq_lens.max()) if num_reqs else 0,
+            block_size=self.block_size,
+            query_start_loc_cpu=torch.from_numpy(inputs.query_start_loc),
+            seq_lens_cpu=torch.from_numpy(inputs.seq_lens),
+        )
+
+    def _in_flight_ids(self, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(indices into the step's input ids, the ids) for tokens sampled by the previous step
+        that the host has not read back: a gather on the device, no wait."""
+        if inputs.placeholders is None:
+            return None
+        flat, src = inputs.placeholders
+        prev_ids = self._prev_sampled[0]
+        self.num_in_flight_tokens += len(flat)
+        return self.staging.to_device("fill_at", flat), prev_ids[self.staging.to_device("fill_src", src)]
+
+    def _run_forward(self, inputs: StepInputs) -> torch.Tensor:
+        """Hidden states of the step's tokens: a graph replay for a decode batch that fits one,
+        else the (possibly compiled) forward."""
+        graphs = self.decode_graphs
+        n = len(inputs.req_ids)
+        fill = self._in_flight_ids(inputs)
+        if graphs is not None and len(inputs.input_ids) == n and graphs.size_for(n) is not None:
+            return graphs.run(inputs.input_ids, inputs.positions, inputs.slot_mapping, inputs.seq_lens, inputs.block_table, fill)
+        common = self._attention_metadata(inputs)
+        if self._attn_builder is None:
+            # one builder for the runner's life, so its scratch buffers carry over between steps
+            self._attn_builder = self.attn_backend.get_builder_cls()(self.attn_backend, self.device)
+        attn_metadata = self._attn_builder.build(common)
+        input_ids = self.staging.to_device("ids", inputs.input_ids)
+        if fill is not None:
+            input_ids[fill[0]] = fill[1]
+        positions = self.staging.to_device("pos", inputs.positions)
+        with set_forward_context(ForwardContext(attn_metadata, self.kv_caches, {"attention_layers": self._attention_layers})):
+            return (self._forward if self._forward is not None else self.model)(input_ids, positions)
+
+    @torch.inference_mode()
+    def execute_model(self, so: SchedulerOutput, non_blocking: bool = False) -> "ModelRunnerOutput | PendingStep":
+        """Run one step. With ``non_blocking`` the step is launched and a :class:`PendingStep`
+        returned at once; its ``get_output()`` waits for the sampled ids (asynchronous
+        scheduling plans the next step in between). Otherwise the finished output."""
+        assert self.model is not None and self.attn_backend is not None and self.input_batch is not None
+        t_start = time.perf_counter()
+        self.staging.next_step()
+        self._update_states(so)
+        batch = self.input_batch
+        if so.total_num_scheduled_tokens == 0 or batch.num_reqs == 0:
+            return ModelRunnerOutput(req_ids=[], req_id_to_index={}, sampled_token_ids=[])
+        inputs = self._prepare_inputs(so)
+        num_scheduled, req_ids = inputs.num_scheduled, inputs.req_ids
+        hidden = self._run_forward(inputs)
+        if len(inputs.input_ids) == len(req_ids):
+            last_hidden = hidden  # one token per request: every row is sampled
+        else:
+            last_hidden = hidden[self.staging.to_device("last", np.cumsum(num_scheduled) - 1)]
+        logits = self.model.compute_logits(last_hidden)
+        rows = inputs.rows
+        states = [batch.states[i] for i in rows]
+        computed_before = batch.num_computed_tokens[rows]
+        computed_after = computed_before + num_scheduled
+        # rows whose sample becomes a token (a prefill chunk short of the prompt's end does not;
+        # the host's token count may lag by tokens still in flight, which only adds "final" rows)
+        final = computed_after >= batch.num_tokens[rows]
+        t_sample = time.perf_counter()
+        md = make_metadata(states, logits.shape[-1], generators=self._generators(states, final))
+        if so.grammar_bitmask is not None:
+            self._apply_grammar(md, so, req_ids, logits.shape[-1])
+        result = self.sampler(logits, md)
+        self._prev_sampled = (result.sampled_token_ids, {r: i for i, r in enumerate(req_ids)})
+        prompt_logprobs = self._prompt_logprobs(hidden, states, computed_before, num_scheduled)
+        step = PendingStep(self, req_ids, final, [s.sampling_params.logprobs for s in states], result, prompt_logprobs,
+                           (t_start, t_sample, int(num_scheduled.sum())))
+        return step if non_blocking else step.get_output()
+
+    def _record_step(
+        self, req_ids: list[str], final: np.ndarray, sampled: list[int], logprobs_k: list[int | None],
+        logprobs: LogprobsTensors | None,
+    ) -> tuple[list[list[int]], list[list[TokenLogprobs] | None]]:
+        """Append each final row's token to the persistent batch (found by request id: with
+        asynchronous scheduling the next step may have moved or dropped the row already)."""
+        batch = self.input_batch
+        # a prefill chunk that did not reach the end yet samples nothing
+        sampled_lists: list[list[int]] = [[] for _ in req_ids]
+        logprob_lists: list[list[TokenLogprobs] | None] = [None] * len(req_ids)
+        index_of, states = batch.req_id_to_index, batch.states
+        rows: list[int] = []
+        tokens: list[int] = []
+        for i in np.flatnonzero(final).tolist():
+            token = int(sampled[i])
+            sampled_lists[i] = [token]
+            index = index_of.get(req_ids[i])
+            if index is not None:
+                rows.append(index)
+                tokens.append(token)
+                states[index].output_token_ids.append(token)
+            k = logprobs_k[i]
+            if k is not None and logprobs is not None:
+                logprob_lists[i] = [_row_logprobs(logprobs, i, k)]
+        if rows:
+            r = np.array(rows, dtype=np.int64)
+            n = batch.num_tokens[r]
+            fits = n < batch.max_model_len
+            batch.token_ids[r[fits], n[fits]] = np.array(tokens, dtype=np.int64)[fits]
+            batch.num_tokens[r] = n + 1
+        return sampled_lists, logprob_lists
+
+    @staticmethod
+    def _apply_grammar(md: Any, so: SchedulerOutput, req_ids: list[str], vocab: int) -> None:
+        """Fold the structured-output bitmask rows into the sampler's allowed-token mask."""
+        index = {r: i for i, r in enumerate(req_ids)}
+        rows = [index[r] for r in so.structured_output_request_ids]
+        allowed = bitmask_to_bool(so.grammar_bitmask, vocab)
+        mask = md.allowed_mask if md.allowed_mask is not None else torch.ones(len(req_ids), vocab, dtype=torch.bool)
+        mask[rows] &= allowed
+        md.allowed_mask = mask
+
+    @staticmethod
+    def _generators(states: list[CachedRequestState], final: np.ndarray) -> dict[int, torch.Generator]:
+        """Generators for seeded rows that sample a real token this step, seeded from (seed,
+        number of tokens generated so far): the draw for a request's n-th token is the same
+        whatever the batch, the chunking or a preemption in between."""
+        gens: dict[int, torch.Generator] = {}
+        for i, state in enumerate(states):
+            seed = state.sampling_params.seed
+            if seed is not None and final[i] and not state.sampling_params.is_greedy:
+                gens[i] = seeded_generator(hash((seed, len(state.output_token_ids))))
+        return gens
+
+    def _prompt_logprobs(
+        self, hidden: torch.Tensor, states: list[CachedRequestState], computed_before: np.ndarray, num_scheduled: np.ndarray
+    ) -> dict[str, list[TokenLogprobs]]:
+        """Logprobs of the prompt tokens this step's chunk predicts: the hidden state at prompt
+        position ``p`` scores prompt token ``p + 1``."""
+        out: dict[str, list[TokenLogprobs]] = {}
+        if all(state.sampling_params.prompt_logprobs is None for state in states):
+            return out
+        start = 0
+        for i, state in enumerate(states):
+            n = int(num_scheduled[i])
+            k = state.sampling_params.prompt_logprobs
+            first = int(computed_before[i])
+            num_prompt = len(state.prompt_token_ids)
+            last = min(first + n, num_prompt - 1)  # exclusive: positions p with p + 1 < num_prompt
+            if k is not None and first < last:
+                logits = self.model.compute_logits(hidden[start : start + (last - first)])
+                targets = torch.tensor(state.prompt_token_ids[first + 1 : last + 1], dtype=torch.int64, device=logits.device)
+                lp = gather_logprobs(logits.float().log_softmax(dim=-1), k, targets)
+                lp = LogprobsTensors(lp.token_ids.cpu(), lp.logprobs.cpu(), lp.ranks.cpu())
+                out[state.req_id] = [_row_logprobs(lp, j, k) for j in range(last - first)]
+            start += n
+        return out
+
+
+def _row_logprobs(lp: LogprobsTensors, row: int, k: int) -> TokenLogprobs:
+    width = lp.token_ids.shape[1] if k == -1 else 1 + k
+    return TokenLogprobs(
+        token_ids=lp.token_ids[row, :width].tolist(),
+        logprobs=lp.logprobs[row, :width].tolist(),
+        rank=int(lp.ranks[row]),
+    )

@@ -1,0 +1,115 @@
+"""The worker: one device, its model runner, and its share of the KV cache."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import torch
+
+from host.core.config import EngineConfig
+from host.core.worker.model_runner import ModelRunner
+from host.core.engine.outputs import ModelRunnerOutput, SchedulerOutput
+
+logger = logging.getLogger("host.worker")
+
+CPU_DEFAULT_KV_BYTES = 2 * 2**30
+# set aside for the decode graphs' memory pool, captured after the KV cache is allocated
+GRAPH_MEMORY_RESERVE = 512 * 2**20
+
+
+def kv_budget(total: int, utilization: float, peak: int, non_torch: int, reserve: int = 0) -> int:
+    """Bytes left for the KV cache: ``utilization`` of the device, minus the profiled peak of
+    torch allocations (weights and the largest step's activations), minus memory outside
+    torch's allocator, minus a reserve for graphs. Never negative."""
+    return max(0, int(total * utilization) - peak - non_torch - reserve)
+
+
+class Worker:
+    """Runs on one device: loads the model, sizes and owns the KV cache, executes steps."""
+
+    def __init__(self, config: EngineConfig, rank: int = 0, local_rank: int = 0, platform: Any = None) -> None:
+        self.config = config
+        self.rank = rank
+        self.local_rank = local_rank
+        self.platform = platform
+        self.device: torch.device | None = None
+        self.model_runner: ModelRunner | None = None
+
+    def init_device(self) -> None:
+        if self.platform.device_type == "cpu":
+            self.device = torch.device("cpu")
+        else:
+            visible = self.platform.logical_device_id_to_visible_device_id(self.local_rank)
+            self.device = torch.device(self.platform.device_type, visible)
+            getattr(torch, self.platform.device_type).set_device(self.device)
+        torch.manual_seed(self.config.model.seed)
+        self.model_runner = ModelRunner(self.config, self.device, self.platform)
+
+    def load_model(self) -> None:
+        assert self.model_runner is not None
+        self.model_runner.load_model()
+
+    def get_kv_cache_specs(self) -> list[Any]:
+        assert self.model_runner is not None
+        return self.model_runner.get_kv_cache_specs()
+
+    def determine_available_memory(self) -> int:
+        """Bytes this worker can give to the KV cache.
+
+        ``--kv-cache-memory`` wins. Otherwise on CPU: ``gpu_memory_utilization`` of physical
+        RAM minus the weights, capped at 2 GiB by default (a CPU has no dedicated memory to
+        fill) and at twice what ``max_num_seqs`` full-length sequences need. On an accelerator: ``gpu_memory_utilization`` of device memory minus what a
+        profiling run measures (see :meth:`_profile_device_memory`).
+        """
+        cache = self.config.cache
+        if cache.kv_cache_memory is not None:
+            return int(cache.kv_cache_memory)
+        assert self.model_runner is not None
+        weights = self.model_runner.model_memory_bytes()
+        if self.device.type == "cpu":
+            total = self.platform.get_device_total_memory()
+            budget = int(total * cache.gpu_memory_utilization) - weights
+            # no point holding more than every sequence slot filled to max_model_len (plus the
+            # same again for prefix-cache reuse): a tiny model would otherwise get 2 GiB
+            runner = self.model_runner
+            token_bytes = 2 * runner.num_layers * runner.num_kv_heads * runner.head_size * runner.dtype.itemsize
+            useful = 2 * self.config.scheduler.max_num_seqs * self.config.scheduler.max_model_len * token_bytes
+            return max(0, min(budget, CPU_DEFAULT_KV_BYTES, useful))
+        return self._profile_device_memory()
+
+    def _profile_device_memory(self) -> int:
+        """Measure instead of guessing: run the largest step the scheduler can issue (the
+        runner's :meth:`~ModelRunner.profile_run`) and read the device's peak allocation
+        (weights plus activations) and the memory torch does not manage (driver context,
+        communication and GEMM workspaces)."""
+        mod = getattr(torch, self.device.type)
+        mod.empty_cache()
+        mod.reset_peak_memory_stats(self.device)
+        self.model_runner.profile_run()
+        mod.synchronize()
+        peak = int(mod.max_memory_allocated(self.device))
+        free, total = mod.mem_get_info(self.device)
+        non_torch = max(0, (total - free) - int(mod.memory_reserved(self.device)))
+        reserve = GRAPH_MEMORY_RESERVE if self.config.compilation.cuda_graphs else 0
+        budget = kv_budget(total, self.config.cache.gpu_memory_utilization, peak, non_torch, reserve)
+        logger.info(
+            "Memory profile: %.2f GiB total x %.2f utilization; peak torch %.2f GiB (weights %.2f), "
+            "non-torch %.2f GiB, graph reserve %.2f GiB -> KV cache %.2f GiB",
+            total / 2**30, self.config.cache.gpu_memory_utilization, peak / 2**30,
+            self.model_runner.model_memory_bytes() / 2**30, non_torch / 2**30, reserve / 2**30, budget / 2**30,
+        )
+        return budget
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        assert self.model_runner is not None
+        self.model_runner.initialize_kv_cache(num_blocks)
+
+    def execute_model(self, scheduler_output: SchedulerOutput, non_blocking: bool = False) -> Any:
+        """The step's output, or with ``non_blocking`` a handle whose ``get_output()`` gives it."""
+        assert self.model_runner is not None
+        return self.model_runner.execute_model(scheduler_output, non_blocking=non_blocking)
+
+    def shutdown(self) -> None:
+        self.model_runner = None
