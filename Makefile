@@ -29,7 +29,9 @@ $(STAMP): pyproject.toml Makefile
 serve: install
 	$(VENV)/bin/host serve $(SERVE_ARGS)
 
+# lint first (ruff, configured in pyproject.toml), then the test suite
 test: install
+	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest -q
 
 bench: install

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from host.hooks import FAMILY_MODULES, hook_group, hook_names
 from host.core.plugins.manager import COLLECTORS, PluginHost
 from host.core.plugins.settings import PluginSettings
+from host.hooks import FAMILY_MODULES, hook_group, hook_names
 
 ALL_HOOKS = sorted(h for m in FAMILY_MODULES.values() for h in hook_names(m))
 TESTS = Path(__file__).resolve().parent.parent

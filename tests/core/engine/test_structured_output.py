@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from host import LLM, SamplingParams
-from host.core.scheduler.request import RequestStatus
 from host.core.engine.structured_output import bitmask_to_bool, choice_grammar
+from host.core.scheduler.request import RequestStatus
 
 SCHEMA = {
     "type": "object",

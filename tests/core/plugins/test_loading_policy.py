@@ -6,8 +6,8 @@ from __future__ import annotations
 import logging
 
 import pytest
-from helpers import on_sys_path
 
+from helpers import on_sys_path
 from host.core.plugins.manager import PluginConfigError, PluginError, PluginHost
 from host.core.plugins.settings import PluginSettings, parse_name_list
 

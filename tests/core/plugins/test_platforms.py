@@ -7,8 +7,8 @@ import pickle
 
 import pytest
 import torch
-from helpers import on_sys_path, run_host
 
+from helpers import on_sys_path, run_host
 from host.core.plugins.manager import PluginHost
 from host.core.plugins.platform import PlatformResolutionError, resolve_platform
 from host.core.plugins.settings import PluginSettings

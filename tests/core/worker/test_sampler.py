@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from host.core.worker.sampler import Sampler, apply_logits_processors, make_metadata
 from host.core.sampling_params import SamplingParams, StructuredOutputsParams
+from host.core.worker.sampler import Sampler, apply_logits_processors, make_metadata
 
 VOCAB = 12
 

@@ -14,8 +14,8 @@ if not torch.cuda.is_available():
 
 pytest.importorskip("triton")
 from host.core.config import CompilationConfig  # noqa: E402
-from host.core.worker.sampler import Sampler, make_metadata, seeded_generator  # noqa: E402
 from host.core.sampling_params import SamplingParams  # noqa: E402
+from host.core.worker.sampler import Sampler, make_metadata, seeded_generator  # noqa: E402
 from host.plugins.builtin_cuda import triton_sampling  # noqa: E402
 from host.plugins.builtin_cuda.platform import CudaPlatform  # noqa: E402
 
