@@ -9,6 +9,12 @@ from typing import Any, Callable
 
 from host.hooks.markers import hookspec
 
+# this family's entry-point group and where it loads (gathered by host.hooks.groups)
+GROUP = "host.attention_backends"
+LOADED_IN = ("engine", "worker")
+LAZY_IN: tuple[str, ...] = ()
+SUMMARY = "paged-attention backends"
+
 
 @hookspec
 def host_register_attention_backends(register: Callable[..., None]) -> None:

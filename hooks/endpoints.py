@@ -11,6 +11,12 @@ from typing import Callable
 
 from host.hooks.markers import hookspec
 
+# this family's entry-point group and where it loads (gathered by host.hooks.groups)
+GROUP = "host.endpoints"
+LOADED_IN = ("api",)
+LAZY_IN: tuple[str, ...] = ()
+SUMMARY = "HTTP routes (third-party ones are opt-in)"
+
 
 @hookspec
 def host_register_endpoints(register: Callable[..., None]) -> None:

@@ -9,6 +9,12 @@ from typing import Callable
 
 from host.hooks.markers import hookspec
 
+# this family's entry-point group and where it loads (gathered by host.hooks.groups)
+GROUP = "host.executors"
+LOADED_IN = ("engine",)
+LAZY_IN: tuple[str, ...] = ()
+SUMMARY = "executors"
+
 
 @hookspec
 def host_register_executors(register: Callable[..., None]) -> None:

@@ -12,6 +12,12 @@ from typing import Any, Callable
 
 from host.hooks.markers import hookspec
 
+# this family's entry-point group and where it loads (gathered by host.hooks.groups)
+GROUP = "host.general"
+LOADED_IN = ("api", "engine", "worker")
+LAZY_IN: tuple[str, ...] = ()
+SUMMARY = "models registry, config tweaks, startup"
+
 
 @hookspec
 def host_register_models(register: Callable[..., None]) -> None:

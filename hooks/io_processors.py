@@ -9,12 +9,19 @@ from typing import Callable
 
 from host.hooks.markers import hookspec
 
+# this family's entry-point group and where it loads (gathered by host.hooks.groups)
+GROUP = "host.io_processors"
+LOADED_IN = ("api",)
+LAZY_IN: tuple[str, ...] = ()
+SUMMARY = "request/response processors"
+
 
 @hookspec
 def host_register_io_processors(register: Callable[..., None]) -> None:
     """Offer :class:`host.sdk.IOProcessor` subclasses.
 
-    Call ``register(processor_class)``. A model asks for one by name (``--io-processor`` or an
-    ``io_processor_plugin`` key in its ``config.json``); a model that asks for a processor no
-    plugin registered fails at start-up with a ``ValueError`` listing the registered names.
+    Call ``register(processor_class)``. A model asks for one by its ``name`` (an
+    ``io_processor_plugin`` key in its ``config.json``; an engine setting to override it comes
+    with a later issue); a model that asks for a processor no plugin registered fails at
+    start-up with a ``ValueError`` listing the registered names.
     """

@@ -10,6 +10,12 @@ from typing import Callable
 
 from host.hooks.markers import hookspec
 
+# this family's entry-point group and where it loads (gathered by host.hooks.groups)
+GROUP = "host.platforms"
+LOADED_IN = ("api", "engine", "worker")
+LAZY_IN: tuple[str, ...] = ("api",)
+SUMMARY = "hardware platforms"
+
 
 @hookspec
 def host_register_platforms(register: Callable[..., None]) -> None:

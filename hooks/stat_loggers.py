@@ -9,6 +9,12 @@ from typing import Callable
 
 from host.hooks.markers import hookspec
 
+# this family's entry-point group and where it loads (gathered by host.hooks.groups)
+GROUP = "host.stat_loggers"
+LOADED_IN = ("api",)
+LAZY_IN: tuple[str, ...] = ()
+SUMMARY = "metrics sinks"
+
 
 @hookspec
 def host_register_stat_loggers(register: Callable[..., None]) -> None:

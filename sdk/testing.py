@@ -24,16 +24,11 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Iterable, Iterator
 
-from host.core.plugins.groups import GENERAL_GROUP, GROUPS
-from host.core.plugins.manager import (
-    Candidate,
-    PluginHost,
-    PluginRecord,
-    discover_entry_points,
-    get_plugin_host,
-    set_plugin_host,
-)
+from host.core.plugins.discovery import Candidate, discover_entry_points
+from host.core.plugins.manager import PluginHost, get_plugin_host, set_plugin_host
+from host.core.plugins.records import PluginRecord
 from host.core.plugins.settings import PluginSettings
+from host.hooks.groups import GENERAL_GROUP, GROUPS
 
 
 def discover_builtins_only(groups: Iterable[str]) -> list[Candidate]:

@@ -7,6 +7,7 @@ from host.core.plugins.manager import (
     PluginRecord,
     bootstrap_process,
     get_plugin_host,
+    plugin_host_for,
 )
 from host.core.plugins.settings import PluginSettings
 
@@ -18,4 +19,5 @@ __all__ = [
     "PluginSettings",
     "bootstrap_process",
     "get_plugin_host",
+    "plugin_host_for",
 ]

@@ -1,4 +1,4 @@
-"""The per-process plugin host: discovery, allowlist/blocklist, loading, validation, registries.
+"""The per-process plugin host: loads the groups a process needs and calls their hooks.
 
 One :class:`PluginHost` exists per OS process (keyed by pid, so a forked child builds its own).
 A process "bootstraps" a role (``api``, ``engine``, ``worker``): the host loads the entry-point
@@ -9,162 +9,54 @@ bootstraps several roles in one process; each group is still loaded only once.
 Every failure (import error, hook outside the group, exception in a hook) is recorded as a
 :class:`PluginRecord` with ``status="failed"`` and logged at WARNING; it is fatal when the plugin
 was named in the allowlist, when strict mode is on, or when the plugin is a built-in.
+
+The parts live beside this module: ``discovery`` (entry-point candidates), ``policy`` (what
+loads, what is fatal), ``records`` (what happened to each plugin), ``registry`` (the registries
+fed by ``host_register_*`` hooks), ``tracing`` (``HOST_TRACE_PLUGINS``). Their public names are
+importable from here too.
 """
 
 from __future__ import annotations
 
-import importlib.metadata as md
 import logging
 import os
-import sys
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 import pluggy
 
-from host.core.plugins.groups import (
-    ENDPOINTS_GROUP,
-    GENERAL_GROUP,
-    GROUPS,
-    PROCESSES,
-    groups_for,
-)
+from host.core.plugins import policy as load_policy
+from host.core.plugins import tracing
+from host.core.plugins.discovery import BUILTIN_DISTRIBUTION, Candidate, discover_entry_points
+from host.core.plugins.errors import PluginConfigError, PluginError
+from host.core.plugins.records import BLOCKED, FAILED, LOADED, NOT_ALLOWLISTED, NOT_LOADED, PluginRecord
+from host.core.plugins.registry import COLLECTORS, REGISTRY_HOOK, Registry, collector_hook
 from host.core.plugins.settings import PluginSettings
-from host.hooks import FAMILY_MODULES, PROJECT_NAME, hook_group
+from host.hooks.groups import ENDPOINTS_GROUP, FAMILY_MODULES, GENERAL_GROUP, GROUPS, PROCESSES, groups_for
+from host.hooks.markers import PROJECT_NAME
 
 logger = logging.getLogger("host.plugins")
-trace_logger = logging.getLogger("host.plugins.trace")
 
-BUILTIN_DISTRIBUTION = "host"
-
-LOADED = "loaded"
-BLOCKED = "blocked"
-NOT_ALLOWLISTED = "not-allowlisted"
-FAILED = "failed"
-NOT_LOADED = "not-loaded"  # discovered, allowed, but its group is not loaded in this process
-
-
-class PluginError(RuntimeError):
-    """A plugin failure that stops start-up (strict mode, allowlisted, or built-in)."""
-
-
-class PluginConfigError(ValueError):
-    """A plugin setting names something that does not exist."""
-
-
-def _normalize(name: str) -> str:
-    return name.strip().lower().replace("_", "-").replace(".", "-")
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One discovered entry point, before anything is imported."""
-
-    name: str
-    group: str
-    value: str
-    distribution: str
-    version: str
-    builtin: bool
-    load: Callable[[], Any] = field(compare=False, repr=False)
-
-    @property
-    def key(self) -> str:
-        """The pluggy registration name; unique across groups."""
-        return f"{self.group}:{self.name}"
-
-
-@dataclass
-class PluginRecord:
-    """What happened to one plugin in this process; what ``host plugins list`` shows."""
-
-    name: str
-    group: str
-    value: str
-    distribution: str
-    version: str
-    builtin: bool
-    processes: tuple[str, ...]
-    status: str
-    reason: str = ""
-    hooks: list[str] = field(default_factory=list)
-    registered: list[str] = field(default_factory=list)
-    fatal: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "group": self.group,
-            "value": self.value,
-            "distribution": self.distribution,
-            "version": self.version,
-            "builtin": self.builtin,
-            "source": "builtin" if self.builtin else "third-party",
-            "processes": list(self.processes),
-            "status": self.status,
-            "reason": self.reason,
-            "hooks": sorted(self.hooks),
-            "registered": list(self.registered),
-        }
-
-
-def discover_entry_points(groups: Iterable[str]) -> list[Candidate]:
-    """Every entry point of ``groups`` from installed distributions, in a stable order."""
-    found: list[Candidate] = []
-    for group in groups:
-        for ep in md.entry_points(group=group):
-            dist = getattr(ep, "dist", None)
-            dist_name = dist.metadata["Name"] if dist is not None else "<unknown>"
-            version = dist.version if dist is not None else ""
-            found.append(
-                Candidate(
-                    name=ep.name,
-                    group=group,
-                    value=ep.value,
-                    distribution=dist_name,
-                    version=version,
-                    builtin=_normalize(dist_name) == BUILTIN_DISTRIBUTION,
-                    load=ep.load,
-                )
-            )
-    # builtins first so they register before third-party ones; then by name for stability
-    found.sort(key=lambda c: (list(GROUPS).index(c.group), not c.builtin, c.name, c.distribution))
-    return found
-
-
-class _Registry:
-    """A host-owned registry fed by one collector hook (``register(...)`` callbacks)."""
-
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
-        self.entries: dict[str, Any] = {}
-        self.owners: dict[str, str] = {}
-
-
-def _registry_key(obj: Any) -> str:
-    name = getattr(obj, "name", None)
-    if not isinstance(name, str) or not name:
-        raise ValueError(
-            f"{obj!r} has no non-empty string 'name'; set the class field 'name' to the key "
-            "users select it by"
-        )
-    return name
-
-
-# collector hook -> (registry kind, how to derive the key from register(*args))
-COLLECTORS: dict[str, str] = {
-    "host_register_platforms": "platforms",
-    "host_register_attention_backends": "attention_backends",
-    "host_register_quantization_methods": "quantization_methods",
-    "host_register_kv_connectors": "kv_connectors",
-    "host_register_executors": "executors",
-    "host_register_io_processors": "io_processors",
-    "host_register_endpoints": "endpoints",
-    "host_register_stat_loggers": "stat_loggers",
-    "host_register_models": "models",
-}
-REGISTRY_HOOK: dict[str, str] = {kind: hook for hook, kind in COLLECTORS.items()}
+__all__ = [
+    "BLOCKED",
+    "BUILTIN_DISTRIBUTION",
+    "COLLECTORS",
+    "FAILED",
+    "LOADED",
+    "NOT_ALLOWLISTED",
+    "NOT_LOADED",
+    "REGISTRY_HOOK",
+    "Candidate",
+    "PluginConfigError",
+    "PluginError",
+    "PluginHost",
+    "PluginRecord",
+    "bootstrap_process",
+    "discover_entry_points",
+    "get_plugin_host",
+    "plugin_host_for",
+    "set_plugin_host",
+]
 
 
 class PluginHost:
@@ -186,7 +78,7 @@ class PluginHost:
         self.records: dict[str, PluginRecord] = {}  # key -> record
         self.loaded_groups: set[str] = set()
         self.roles: list[str] = []
-        self._registries: dict[str, _Registry] = {}
+        self._registries: dict[str, Registry] = {}
         self._undo_trace: Callable[[], None] | None = None
         self._warned_endpoints = False
         if self.settings.trace:
@@ -199,10 +91,6 @@ class PluginHost:
         if self._candidates is None:
             self._candidates = list(self._discover(GROUPS)) if self._discover else []
         return self._candidates
-
-    def _matches(self, names: Iterable[str], cand: Candidate) -> bool:
-        wanted = {_normalize(n) for n in names}
-        return _normalize(cand.name) in wanted or _normalize(cand.distribution) in wanted
 
     def check_settings(self) -> None:
         """Raise :class:`PluginConfigError` for allowlisted names that match no plugin."""
@@ -217,29 +105,12 @@ class PluginHost:
             )
 
     def unknown_allowlisted(self) -> list[str]:
-        if self.settings.allow is None:
-            return []
-        return [n for n in self.settings.allow if not any(self._matches([n], c) for c in self.candidates)]
+        """The names in ``--plugins`` / ``HOST_PLUGINS`` that match no discovered plugin."""
+        return load_policy.unknown_allowlisted(self.settings, self.candidates)
 
     def policy(self, cand: Candidate) -> tuple[str, str]:
         """``(status, reason)`` before loading: ``loaded`` means "should load"."""
-        if self.settings.block and self._matches(self.settings.block, cand):
-            return BLOCKED, "blocked by --block-plugins / HOST_BLOCK_PLUGINS"
-        if cand.builtin:
-            return LOADED, ""
-        allow = self.settings.allow
-        if cand.group == ENDPOINTS_GROUP and (allow is None or not self._matches(allow, cand)):
-            return NOT_ALLOWLISTED, (
-                "third-party endpoint plugins add HTTP routes and are off by default; "
-                f"enable with --plugins {cand.name} (or HOST_PLUGINS={cand.name})"
-            )
-        if allow is not None and not self._matches(allow, cand):
-            return NOT_ALLOWLISTED, f"not named in --plugins / HOST_PLUGINS ({','.join(allow) or 'empty'})"
-        return LOADED, ""
-
-    def _is_fatal(self, cand: Candidate) -> bool:
-        explicitly = self.settings.allow is not None and self._matches(self.settings.allow, cand)
-        return self.settings.strict or explicitly or cand.builtin
+        return load_policy.decide(self.settings, cand)
 
     # -- loading -----------------------------------------------------------------------------
 
@@ -334,7 +205,7 @@ class PluginHost:
             return
         hooks = [caller.name for caller in (self.pm.get_hookcallers(obj) or [])]
         record.hooks = hooks
-        problem = self._validate_hooks(cand, hooks)
+        problem = load_policy.hook_problem(cand, hooks)
         if problem:
             self.pm.unregister(name=cand.key)
             self._fail(cand, record, problem)
@@ -342,26 +213,10 @@ class PluginHost:
         record.status = LOADED
         log("Loaded plugin %s (%s, %s %s)", cand.name, cand.group, cand.distribution, cand.version)
 
-    @staticmethod
-    def _validate_hooks(cand: Candidate, hooks: list[str]) -> str | None:
-        for hook in hooks:
-            owner = hook_group(hook)
-            if owner is None:
-                return (
-                    f"module {cand.value} implements {hook!r}, which is not a host hook; "
-                    "check the spelling against host.hooks"
-                )
-            if owner not in (cand.group, GENERAL_GROUP):
-                return (
-                    f"module {cand.value} is registered under {cand.group} but implements "
-                    f"{hook!r} of {owner}; register it under {owner} in its entry points"
-                )
-        return None
-
     def _fail(self, cand: Candidate, record: PluginRecord, reason: str) -> None:
         record.status = FAILED
         record.reason = reason
-        record.fatal = self._is_fatal(cand)
+        record.fatal = load_policy.is_fatal(self.settings, cand)
         logger.warning("Plugin %s (%s, %s) failed: %s", cand.name, cand.group, cand.distribution, reason)
 
     def _raise_fatal(self, raise_on_fatal: bool) -> None:
@@ -434,34 +289,13 @@ class PluginHost:
         """The plugin that registered ``name`` in registry ``kind``."""
         return self._registry(kind).owners[name]
 
-    def _registry(self, kind: str) -> _Registry:
+    def _registry(self, kind: str) -> Registry:
         if kind in self._registries:
             return self._registries[kind]
-        if kind not in REGISTRY_HOOK:
-            raise ValueError(f"unknown registry {kind!r}; expected one of {', '.join(REGISTRY_HOOK)}")
-        reg = _Registry(kind)
-        hook = REGISTRY_HOOK[kind]
-        current: list[str] = []
-
-        def register(obj: Any, value: Any = None) -> None:
-            plugin = current[0]
-            key = obj if isinstance(obj, str) else _registry_key(obj)
-            entry = value if isinstance(obj, str) else obj
-            if key in reg.entries and reg.owners[key] != plugin:
-                raise PluginError(
-                    f"{kind} entry {key!r} is registered by both {reg.owners[key]} and {plugin}; "
-                    "block one of them with --block-plugins"
-                )
-            reg.entries[key] = entry
-            reg.owners[key] = plugin
-            record = self.records.get(plugin)
-            label = f"{kind}:{key}"
-            if record is not None and label not in record.registered:
-                record.registered.append(label)
-
-        caller = getattr(self.pm.hook, hook)
-        for impl in reversed(caller.get_hookimpls()):
-            current[:] = [impl.plugin_name]
+        hook = collector_hook(kind)
+        reg = Registry(kind)
+        for impl in reversed(getattr(self.pm.hook, hook).get_hookimpls()):
+            register = reg.register_for(impl.plugin_name, self.records.get(impl.plugin_name))
             self._call_one(impl, hook, register=register)
         self._registries[kind] = reg
         self._raise_fatal(True)
@@ -472,7 +306,7 @@ class PluginHost:
         and return ``(False, None)``. A :class:`PluginError` (a host-side verdict such as a
         duplicate registry name) propagates."""
         if self.settings.trace:
-            trace_logger.info("call %s -> %s(%s)", impl.plugin_name, hook_name, _fmt_kwargs(kwargs))
+            tracing.trace_call(impl.plugin_name, hook_name, kwargs)
         start = time.perf_counter()
         try:
             result = impl.function(**{k: kwargs[k] for k in impl.argnames if k in kwargs})
@@ -492,53 +326,21 @@ class PluginHost:
             self.pm.unregister(name=impl.plugin_name)
             return False, None
         if self.settings.trace:
-            trace_logger.info(
-                "done %s -> %s in %.3f ms: %r", impl.plugin_name, hook_name, (time.perf_counter() - start) * 1e3, result
-            )
+            tracing.trace_done(impl.plugin_name, hook_name, time.perf_counter() - start, result)
         return True, result
 
     def _invalidate(self) -> None:
         self._registries.clear()
 
-    # -- tracing -----------------------------------------------------------------------------
+    # -- tracing and introspection -----------------------------------------------------------
 
     def enable_tracing(self) -> None:
         """Log every hook call made through ``pm.hook`` (``HOST_TRACE_PLUGINS=1``)."""
-        if self._undo_trace is not None:
-            return
-        _ensure_trace_handler()
-
-        def before(hook_name: str, hook_impls: list[Any], kwargs: dict[str, Any]) -> None:
-            trace_logger.info(
-                "call %s(%s) -> [%s]",
-                hook_name,
-                _fmt_kwargs(kwargs),
-                ", ".join(i.plugin_name for i in hook_impls),
-            )
-
-        def after(outcome: Any, hook_name: str, hook_impls: list[Any], kwargs: dict[str, Any]) -> None:
-            exc = outcome.exception
-            trace_logger.info("done %s: %s", hook_name, f"raised {exc!r}" if exc else repr(outcome.get_result()))
-
-        self._undo_trace = self.pm.add_hookcall_monitoring(before, after)
-
-    # -- introspection -----------------------------------------------------------------------
+        if self._undo_trace is None:
+            self._undo_trace = tracing.monitor_hook_calls(self.pm)
 
     def list_records(self) -> list[PluginRecord]:
         return list(self.records.values())
-
-
-def _fmt_kwargs(kwargs: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v!r}" if not callable(v) else f"{k}=<callable>" for k, v in kwargs.items())
-
-
-def _ensure_trace_handler() -> None:
-    if not trace_logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("[host trace pid=%(process)d] %(message)s"))
-        trace_logger.addHandler(handler)
-        trace_logger.setLevel(logging.INFO)
-        trace_logger.propagate = False
 
 
 # -- the one per-process instance ------------------------------------------------------------
@@ -575,3 +377,31 @@ def set_plugin_host(host: PluginHost | None) -> PluginHost | None:
     if host is not None:
         _HOSTS[pid] = host
     return previous
+
+
+def plugin_host_for(
+    plugins: str | None = None,
+    block_plugins: str | None = None,
+    strict_plugins: bool | None = None,
+    platform: str | None = None,
+) -> PluginHost:
+    """The plugin host for ``--plugins`` / ``--block-plugins`` / ``--strict-plugins`` /
+    ``--platform`` (or the ``LLM(...)`` keywords of the same names); ``None`` means "not given".
+
+    With nothing given, this process's current host. Otherwise the given values override their
+    environment variables (:meth:`PluginSettings.from_env`); when the resulting settings equal
+    the current host's, that host is returned, else a new host with them is installed as this
+    process's host and the cached platform resolution is forgotten. Nothing is loaded here.
+    """
+    if plugins is None and block_plugins is None and strict_plugins is None and platform is None:
+        return get_plugin_host()
+    settings = PluginSettings.from_env(plugins=plugins, block_plugins=block_plugins, strict=strict_plugins, platform=platform)
+    host = get_plugin_host()
+    if host.settings == settings:
+        return host
+    from host.core.plugins.platform import reset_current_platform  # platform.py imports this module
+
+    host = PluginHost(settings)
+    set_plugin_host(host)
+    reset_current_platform()
+    return host

@@ -21,8 +21,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from host.core.plugins.groups import PLATFORMS_GROUP
 from host.core.plugins.manager import PluginHost, get_plugin_host
+from host.hooks.groups import PLATFORMS_GROUP
 from host.sdk.platform import Platform, UnspecifiedPlatform
 
 logger = logging.getLogger("host.platform")

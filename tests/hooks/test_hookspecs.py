@@ -16,7 +16,7 @@ TESTS = Path(__file__).resolve().parent.parent
 
 
 def test_families_cover_every_group():
-    from host.core.plugins.groups import GROUPS
+    from host.hooks.groups import GROUPS
 
     assert set(FAMILY_MODULES) == set(GROUPS)
 

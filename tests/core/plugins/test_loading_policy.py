@@ -10,12 +10,9 @@ import pytest
 from helpers import on_sys_path
 from host.core.plugins.manager import PluginConfigError, PluginError, PluginHost
 from host.core.plugins.settings import PluginSettings, parse_name_list
+from host.hooks.groups import GROUPS
 
-ALL_GROUPS = [
-    "host.general", "host.platforms", "host.attention_backends", "host.quantization",
-    "host.kv_connectors", "host.executors", "host.io_processors", "host.endpoints",
-    "host.stat_loggers",
-]
+ALL_GROUPS = list(GROUPS)
 
 
 def statuses(host: PluginHost) -> dict[str, str]:

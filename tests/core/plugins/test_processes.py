@@ -10,7 +10,7 @@ import sys
 import textwrap
 
 from helpers import subprocess_env
-from host.core.plugins.groups import GROUPS, groups_for
+from host.hooks.groups import GROUPS, groups_for
 
 SCRIPT = textwrap.dedent(
     """
