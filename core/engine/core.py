@@ -1,22 +1,28 @@
 """The engine core: scheduler + KV cache manager + executor, advanced one step at a time.
 
-This is what the engine-core process runs; the offline :class:`host.LLM` drives it in-process.
+The engine-core process (:mod:`host.core.engine.process`) runs it behind ZMQ; the in-process
+engine-core client (:mod:`host.core.engine.client`) drives it directly. Either way the front end
+sees the same calls: ``add_request``, ``abort_requests``, ``step`` and the ``utility_*``
+methods.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import logging
+import os
 from typing import Any, Iterable
 
 from host.core.config import EngineConfig
+from host.core.engine.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
+from host.core.engine.structured_output import StructuredOutputManager
 from host.core.kv_cache.manager import KVCacheManager
 from host.core.kv_cache.spec import KVCacheConfig, num_blocks_from_memory
-from host.core.engine.outputs import EngineCoreOutputs, ModelRunnerOutput, SchedulerOutput
 from host.core.plugins.manager import get_plugin_host
+from host.core.scheduler.output import SchedulerOutput
 from host.core.scheduler.request import Request, RequestStatus
 from host.core.scheduler.scheduler import Scheduler
-from host.core.engine.structured_output import StructuredOutputManager
+from host.core.worker.output import ModelRunnerOutput
 
 logger = logging.getLogger("host.engine")
 
@@ -67,10 +73,14 @@ class EngineCore:
         if self.async_scheduling:
             logger.info("Asynchronous scheduling: each step is planned while the previous one runs")
 
-    def add_request(self, request: Request) -> None:
-        """Queue a request; its sampling params are checked against the model first (token ids
-        inside the vocabulary), so a bad request is a ``ValueError`` and never reaches a step."""
-        request.sampling_params.verify(self.config.model.hf_config.vocab_size)
+    def add_request(self, request: Request | EngineCoreRequest) -> None:
+        """Queue a request (a message from the front end, or a :class:`Request` built here).
+
+        The front end's input processor has validated the prompt and its params; what only the
+        engine knows (a duplicate id, a prompt larger than the whole KV cache, a grammar that
+        does not compile) raises ``ValueError`` here, before the request reaches a step."""
+        if isinstance(request, EngineCoreRequest):
+            request = Request.from_engine_core_request(request)
         if request.sampling_params.structured_outputs is not None:
             self.structured_output_manager.grammar_init(request)
         self.scheduler.add_request(request)
@@ -115,9 +125,6 @@ class EngineCore:
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         self.scheduler.finish_requests(list(request_ids), RequestStatus.FINISHED_ABORTED)
-
-    def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> None:
-        self.scheduler.finish_requests(list(request_ids), status)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests() or self._in_flight is not None
@@ -172,6 +179,28 @@ class EngineCore:
         self._wait_for_grammars()
         empty = ModelRunnerOutput(req_ids=[], req_id_to_index={}, sampled_token_ids=[])
         return self.scheduler.update_from_output(scheduler_output, empty)
+
+    # -- utilities: named calls the front end makes (UtilityCall over the wire) -----------------
+    def utility_plugins(self) -> list[dict[str, Any]]:
+        """This process's plugin records (what ``host plugins list --json`` shows)."""
+        return [dict(r.to_dict(), process_pid=os.getpid()) for r in get_plugin_host().list_records()]
+
+    def utility_describe(self) -> dict[str, Any]:
+        """Where this engine runs: process, platform, attention backend and KV cache size."""
+        worker = self.executor.worker
+        return {
+            "pid": os.getpid(),
+            "platform": getattr(worker.platform, "name", None),
+            "attention_backend": getattr(worker.model_runner.attn_backend, "name", None),
+            "num_gpu_blocks": self.kv_cache_manager.num_blocks,
+            "block_size": self.kv_cache_config.block_size,
+        }
+
+    def utility_reset_prefix_cache(self) -> bool:
+        return self.scheduler.reset_prefix_cache()
+
+    def utility_stats(self) -> SchedulerStats:
+        return self.scheduler.make_stats()
 
     def shutdown(self) -> None:
         if self._structured_output_manager is not None:

@@ -1,16 +1,16 @@
 """The engine-core process: an :class:`EngineCore` driven by messages over ZMQ.
 
-Started by the API server with :func:`start_engine_process` (a spawned process that bootstraps
-the ``engine`` plugin groups, and ``worker`` too, since the uniproc executor runs the worker in
-this process). It pulls requests from the input socket, steps the engine while any request is
-unfinished, and pushes each step's outputs. When idle it blocks on the input socket. Busy
-steps poll the input without blocking, so new requests join the running batch at the next step.
+Started by the multiprocess engine-core client (:mod:`host.core.engine.client`) as a spawned
+process that bootstraps the ``engine`` plugin groups (and ``worker`` too: the uniproc executor
+runs the worker in this process). It pulls :data:`~host.core.engine.protocol.ToEngine` messages
+from the input socket, steps the engine while any request is unfinished, and pushes each step's
+:class:`~host.core.engine.protocol.EngineCoreOutputs`. Idle, it blocks on the input socket;
+busy, it polls without blocking, so new requests join the running batch at the next step.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import time
 import traceback
@@ -20,16 +20,14 @@ import zmq
 
 from host.core.engine.protocol import (
     AbortRequests,
-    EngineCoreOutputsMsg,
+    EngineCoreOutput,
+    EngineCoreOutputs,
     EngineCoreRequest,
     Shutdown,
     UtilityCall,
     UtilityResult,
     encoder,
-    params_from_dict,
-    stats_msg,
     to_engine_decoder,
-    to_msg,
 )
 
 logger = logging.getLogger("host.engine")
@@ -64,68 +62,40 @@ class EngineCoreProc:
             self.running = False
 
     def _add(self, msg: EngineCoreRequest) -> None:
-        from host.core.engine.outputs import EngineCoreOutput
-        from host.core.scheduler.request import Request
-
         try:
-            params = params_from_dict(msg.sampling_params)
-            request = Request(
-                msg.request_id, msg.prompt_token_ids, params, eos_token_id=msg.eos_token_id,
-                arrival_time=msg.arrival_time or None, priority=msg.priority, cache_salt=msg.cache_salt,
-            )
-            self.engine.add_request(request)
+            self.engine.add_request(msg)
         except ValueError as exc:
-            # the front end validates first; whatever still fails here fails only this request
+            # what only the engine can refuse fails only this request
             out = EngineCoreOutput(req_id=msg.request_id, new_token_ids=[], finish_reason="abort", error=str(exc))
-            self._send(EngineCoreOutputsMsg(outputs=[to_msg(out)]))
+            self._send(EngineCoreOutputs(outputs=[out]))
 
     def _utility(self, call: UtilityCall) -> None:
         try:
-            result = getattr(self, f"utility_{call.method}")(*call.args)
+            result = getattr(self.engine, f"utility_{call.method}")(*call.args)
             reply = UtilityResult(call.call_id, result=result)
         except Exception as exc:  # noqa: BLE001 - the caller gets the error
             reply = UtilityResult(call.call_id, error=f"{type(exc).__name__}: {exc}")
-        self._send(EngineCoreOutputsMsg(utility=reply))
+        self._send(EngineCoreOutputs(utility=reply))
 
-    def utility_plugins(self) -> list[dict[str, Any]]:
-        """This process's plugin records (what ``host plugins list --json`` shows)."""
-        from host.core.plugins.manager import get_plugin_host
-
-        return [dict(r.to_dict(), process_pid=os.getpid()) for r in get_plugin_host().list_records()]
-
-    def utility_describe(self) -> dict[str, Any]:
-        runner = self.engine.executor.worker.model_runner
-        return {
-            "pid": os.getpid(),
-            "platform": getattr(self.engine.executor.worker.platform, "name", None),
-            "attention_backend": getattr(runner.attn_backend, "name", None),
-            "num_gpu_blocks": self.engine.kv_cache_manager.num_blocks,
-            "block_size": self.engine.kv_cache_config.block_size,
-        }
-
-    def utility_reset_prefix_cache(self) -> bool:
-        return self.engine.scheduler.reset_prefix_cache()
-
-    def _send(self, msg: EngineCoreOutputsMsg) -> None:
+    def _send(self, msg: EngineCoreOutputs) -> None:
         msg.timestamp = time.time()
         self.output.send(encoder.encode(msg), copy=False)
 
     # -- the loop -------------------------------------------------------------------------------
+    def _busy(self) -> bool:
+        return self.engine.has_unfinished_requests() or self.engine.scheduler.has_finished_requests()
+
     def run(self) -> None:
         poller = zmq.Poller()
         poller.register(self.input, zmq.POLLIN)
         while self.running:
-            busy = self.engine.has_unfinished_requests() or self.engine.scheduler.has_finished_requests()
-            events = dict(poller.poll(0 if busy else 1000))
+            events = dict(poller.poll(0 if self._busy() else 1000))
             while self.input in events:
                 self._handle(self.input.recv())
                 events = dict(poller.poll(0))
-            if not self.running:
-                break
-            if self.engine.has_unfinished_requests() or self.engine.scheduler.has_finished_requests():
-                step = self.engine.step()
+            if self.running and self._busy():
                 # sent every step, outputs or not: the stats feed the server's metrics
-                self._send(EngineCoreOutputsMsg(outputs=[to_msg(o) for o in step.outputs], stats=stats_msg(step.scheduler_stats)))
+                self._send(self.engine.step())
 
     def close(self) -> None:
         self.engine.shutdown()
@@ -137,7 +107,7 @@ class EngineCoreProc:
 def run_engine_core(config: Any, input_addr: str, output_addr: str, ready_addr: str) -> None:
     """Entry point of the spawned engine process; reports readiness (or the startup error) on
     ``ready_addr`` before serving."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the API server decides when we stop
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front end decides when we stop
     ctx = zmq.Context()
     ready = ctx.socket(zmq.PUSH)
     ready.connect(ready_addr)
@@ -147,7 +117,7 @@ def run_engine_core(config: Any, input_addr: str, output_addr: str, ready_addr: 
         ready.send_json({"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
         ready.close(linger=2000)
         raise
-    ready.send_json({"ok": True, **proc.utility_describe()})
+    ready.send_json({"ok": True, **proc.engine.utility_describe()})
     ready.close(linger=2000)
     signal.signal(signal.SIGTERM, lambda *_: setattr(proc, "running", False))
     try:

@@ -1,10 +1,15 @@
-"""What the API server and the engine-core process say to each other over ZMQ (msgpack via
-msgspec).
+"""The messages between the front end and the engine core: one type per message.
 
-Front end -> engine (one PUSH socket): ``EngineCoreRequest`` to add a request, ``AbortRequests``,
-``UtilityCall`` (a named engine method, for example the plugin listing of that process).
-Engine -> front end (one PUSH socket): ``EngineCoreOutputs`` batches, each optionally carrying a
-``UtilityResult``. Every message is a tagged msgspec ``Struct`` so one decoder reads them all.
+Every type here is a ``msgspec.Struct``, used as it is both in-process (the offline ``LLM``
+drives an :class:`~host.core.engine.core.EngineCore` directly) and on the wire (msgpack over
+ZMQ between the API server and the engine-core process). Nothing is converted on the way: the
+engine core produces :class:`EngineCoreOutputs` and the front end reads the same type back.
+
+Front end -> engine (one PUSH socket): :class:`EngineCoreRequest` to add a request,
+:class:`AbortRequests`, :class:`UtilityCall` (a named engine method, e.g. the plugin listing of
+that process) and :class:`Shutdown`. Engine -> front end (one PUSH socket):
+:class:`EngineCoreOutputs`, each optionally carrying a :class:`UtilityResult`. The tagged
+front-end messages share one decoder.
 """
 
 from __future__ import annotations
@@ -13,132 +18,131 @@ from typing import Any, Union
 
 import msgspec
 
-from host.core.engine.outputs import EngineCoreOutput, TokenLogprobs
-from host.core.sampling_params import SamplingParams, StructuredOutputsParams
+from host.core.sampling_params import SamplingParams
 
 
 class EngineCoreRequest(msgspec.Struct, tag="add", omit_defaults=True):
-    """``sampling_params`` travels as the fields of :class:`SamplingParams` (built with
-    :func:`params_dict`); the engine rebuilds and so re-validates it."""
+    """One engine request: a prompt's token ids and one sample's :class:`SamplingParams`.
+
+    ``sampling_params`` travels as the dataclass's fields and is rebuilt (so re-validated) on
+    decode; in-process it is the object itself. The front end's input processor builds these,
+    and its output processor fans a prompt with ``n > 1`` out into ``n`` of them."""
 
     request_id: str
     prompt_token_ids: list[int]
-    sampling_params: dict[str, Any]
+    sampling_params: Any
     eos_token_id: int | None = None
     arrival_time: float = 0.0
     priority: int = 0
     cache_salt: str | None = None
 
+    def __post_init__(self) -> None:
+        if isinstance(self.sampling_params, dict):
+            self.sampling_params = SamplingParams(**self.sampling_params)
+
 
 class AbortRequests(msgspec.Struct, tag="abort"):
+    """Finish these engine requests now and free their blocks (a disconnected client, or a stop
+    string the front end found). Unknown or finished ids are ignored."""
+
     request_ids: list[str]
 
 
 class UtilityCall(msgspec.Struct, tag="utility"):
+    """Call ``EngineCore.utility_<method>(*args)``; the answer comes back as a
+    :class:`UtilityResult` with the same ``call_id``."""
+
     call_id: int
     method: str
     args: list[Any] = []
 
 
 class Shutdown(msgspec.Struct, tag="shutdown"):
-    pass
+    """Stop the engine-core loop; the process then releases the device and exits."""
 
 
 ToEngine = Union[EngineCoreRequest, AbortRequests, UtilityCall, Shutdown]
 
 
-class UtilityResult(msgspec.Struct):
-    call_id: int
-    result: Any = None
-    error: str | None = None
+class TokenLogprobs(msgspec.Struct, array_like=True):
+    """Logprobs at one position: ``token_ids[0]`` is the token that was sampled (or, for a
+    prompt position, the prompt's token), ``token_ids[1:]`` the top-k tokens, best first;
+    ``rank`` is the rank of ``token_ids[0]`` (1 = the most likely token)."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    rank: int
 
 
-class SchedulerStatsMsg(msgspec.Struct, omit_defaults=True):
-    num_running_reqs: int = 0
-    num_waiting_reqs: int = 0
-    kv_cache_usage: float = 0.0
-    prefix_cache_queries: int = 0
-    prefix_cache_hits: int = 0
-    num_preemptions: int = 0
+class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
+    """New tokens of one engine request after a step, plus its finish reason once it is done.
 
+    ``error`` says why the engine failed the request (then ``finish_reason`` is ``"abort"``).
+    Logprobs are one :class:`TokenLogprobs` per new token, when the request asked for them;
+    prompt logprobs cover the prompt positions this step's prefill chunk computed."""
 
-class OutputMsg(msgspec.Struct, omit_defaults=True, array_like=True):
     req_id: str
     new_token_ids: list[int]
-    finish_reason: str | None = None
+    finish_reason: str | None = None  # "stop", "length", "abort"
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0
     new_logprobs: list[TokenLogprobs] | None = None
     new_prompt_logprobs: list[TokenLogprobs] | None = None
     error: str | None = None
 
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
 
-class EngineCoreOutputsMsg(msgspec.Struct, omit_defaults=True):
-    outputs: list[OutputMsg] = []
-    stats: SchedulerStatsMsg | None = None
+
+class SchedulerStats(msgspec.Struct, omit_defaults=True):
+    """A snapshot of the scheduler for metrics (counters are totals since start-up)."""
+
+    num_running_reqs: int = 0
+    num_waiting_reqs: int = 0
+    kv_cache_usage: float = 0.0
+    prefix_cache_queries: int = 0  # tokens looked up
+    prefix_cache_hits: int = 0  # tokens found
+    prefix_cache_hit_rate: float = 0.0
+    num_preemptions: int = 0
+
+
+class UtilityResult(msgspec.Struct):
+    """The answer to one :class:`UtilityCall`: its result, or the error it raised."""
+
+    call_id: int
+    result: Any = None
+    error: str | None = None
+
+
+class EngineCoreOutputs(msgspec.Struct, omit_defaults=True):
+    """What one engine step (or one utility call) sends to the front end."""
+
+    outputs: list[EngineCoreOutput] = []
+    scheduler_stats: SchedulerStats | None = None
     utility: UtilityResult | None = None
     timestamp: float = 0.0
 
 
-def params_dict(params: SamplingParams) -> dict[str, Any]:
-    import dataclasses
-
-    return dataclasses.asdict(params)
-
-
-def params_from_dict(fields: dict[str, Any]) -> SamplingParams:
-    return SamplingParams(**fields)
-
-
-def to_msg(out: EngineCoreOutput) -> OutputMsg:
-    return OutputMsg(
-        out.req_id, out.new_token_ids, out.finish_reason, out.stop_reason, out.num_cached_tokens,
-        out.new_logprobs, out.new_prompt_logprobs, out.error,
-    )
-
-
-def from_msg(msg: OutputMsg) -> EngineCoreOutput:
-    return EngineCoreOutput(
-        req_id=msg.req_id, new_token_ids=msg.new_token_ids, finish_reason=msg.finish_reason,
-        stop_reason=msg.stop_reason, num_cached_tokens=msg.num_cached_tokens,
-        new_logprobs=msg.new_logprobs, new_prompt_logprobs=msg.new_prompt_logprobs, error=msg.error,
-    )
-
-
-def stats_msg(stats: Any) -> SchedulerStatsMsg | None:
-    if stats is None:
-        return None
-    return SchedulerStatsMsg(
-        num_running_reqs=stats.num_running_reqs, num_waiting_reqs=stats.num_waiting_reqs,
-        kv_cache_usage=stats.kv_cache_usage, prefix_cache_queries=stats.prefix_cache_queries,
-        prefix_cache_hits=stats.prefix_cache_hits, num_preemptions=stats.num_preemptions,
-    )
-
-
 def _enc_hook(obj: Any) -> Any:
-    raise NotImplementedError(f"cannot encode {type(obj).__name__}")
+    raise NotImplementedError(f"cannot encode {type(obj).__name__}: engine messages carry only msgspec types")
 
 
 encoder = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
 to_engine_decoder = msgspec.msgpack.Decoder(ToEngine)
-from_engine_decoder = msgspec.msgpack.Decoder(EngineCoreOutputsMsg)
+from_engine_decoder = msgspec.msgpack.Decoder(EngineCoreOutputs)
 
 __all__ = [
     "AbortRequests",
-    "EngineCoreOutputsMsg",
+    "EngineCoreOutput",
+    "EngineCoreOutputs",
     "EngineCoreRequest",
-    "OutputMsg",
-    "SchedulerStatsMsg",
+    "SchedulerStats",
     "Shutdown",
-    "StructuredOutputsParams",
+    "TokenLogprobs",
     "UtilityCall",
     "UtilityResult",
     "encoder",
-    "params_dict",
-    "params_from_dict",
     "from_engine_decoder",
-    "from_msg",
-    "stats_msg",
     "to_engine_decoder",
-    "to_msg",
 ]

@@ -3,23 +3,31 @@
 Shaped like vLLM's so code can switch: ``LLM(model=..., **engine_args)`` takes the engine flags
 as keywords; ``generate`` accepts strings or ``{"prompt_token_ids": [...]}`` and returns one
 :class:`RequestOutput` per prompt, in order; ``chat`` applies the tokenizer's chat template.
-The API, engine and worker roles all run in this one process.
+
+The request path is the API server's: the input processor validates and builds engine
+requests, an engine-core client carries them, the output processor fans out ``n``, finds stop
+strings and detokenizes. By default the engine core runs in this process
+(:class:`~host.core.engine.client.InprocClient`); ``multiprocess=True`` runs it in its own
+process like ``host serve`` does (:class:`~host.core.engine.client.SyncMPClient`).
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
+import msgspec
+
+from host.core.engine.client import InprocClient, SyncMPClient
+from host.core.engine.protocol import SchedulerStats
 from host.core.engine_args import EngineArgs
-from host.core.engine.core import EngineCore
-from host.core.frontend.output_processor import CompletionOutput, Logprob, OutputProcessor, RequestOutput, prepare_params
+from host.core.frontend.input_processor import InputProcessor
+from host.core.frontend.output_processor import CompletionOutput, Logprob, OutputProcessor, RequestOutput
+from host.core.models.tokenizer import get_tokenizer
 from host.core.plugins.manager import PluginHost, get_plugin_host, set_plugin_host
 from host.core.plugins.settings import PluginSettings
-from host.core.scheduler.request import Request, RequestStatus
 from host.core.sampling_params import SamplingParams
-from host.core.models.tokenizer import get_tokenizer
 
 logger = logging.getLogger("host.llm")
 
@@ -41,12 +49,14 @@ def _plugin_settings(plugins: str | None, block_plugins: str | None, strict_plug
 
 
 class LLM:
-    """An engine in this process, for batch generation from Python."""
+    """An engine for batch generation from Python (its engine core in this process, or in a
+    child process with ``multiprocess=True``)."""
 
     def __init__(
         self,
         model: str | None = None,
         *,
+        multiprocess: bool = False,
         plugins: str | None = None,
         block_plugins: str | None = None,
         strict_plugins: bool | None = None,
@@ -54,64 +64,34 @@ class LLM:
         **engine_args: Any,
     ) -> None:
         host = _plugin_settings(plugins, block_plugins, strict_plugins, platform)
-        for role in ("api", "engine", "worker"):
+        # the engine and worker roles run here unless the engine core has its own process
+        for role in ("api",) if multiprocess else ("api", "engine", "worker"):
             host.bootstrap(role)
         self.engine_args = EngineArgs.from_kwargs(model=model, **engine_args)
         self.config = self.engine_args.create_engine_config()
         # skip_tokenizer_init: token ids in, token ids out (text fields stay empty)
         self.tokenizer = None if self.engine_args.skip_tokenizer_init else get_tokenizer(self.config.model.tokenizer)
-        self.engine = EngineCore(self.config)
+        self.input_processor = InputProcessor(self.config, self.tokenizer)
+        self.engine_core: InprocClient | SyncMPClient = SyncMPClient(self.config) if multiprocess else InprocClient(self.config)
         self._ids = itertools.count()
+        self.last_finish_order: list[str] = []
+
+    @property
+    def engine(self) -> Any:
+        """The in-process :class:`~host.core.engine.core.EngineCore` (for inspection)."""
+        if not isinstance(self.engine_core, InprocClient):
+            raise AttributeError("this LLM runs its engine core in another process (multiprocess=True); use LLM.stats()")
+        return self.engine_core.engine
 
     def get_tokenizer(self) -> Any:
         return self.tokenizer
 
     @property
     def eos_token_id(self) -> int | None:
-        if self.tokenizer is not None:
-            return self.tokenizer.eos_token_id
-        eos = getattr(self.config.model.hf_config, "eos_token_id", None)
-        return eos[0] if isinstance(eos, list) and eos else eos
+        return self.input_processor.eos_token_id
 
     def next_request_id(self) -> str:
         return str(next(self._ids))
-
-    def _encode(self, text: str) -> list[int]:
-        if self.tokenizer is None:
-            raise ValueError("this LLM was built with skip_tokenizer_init=True; pass {'prompt_token_ids': [...]}")
-        return self.tokenizer.encode(text)
-
-    # -- inputs ------------------------------------------------------------------------------
-
-    def _normalize_prompts(self, prompts: Any) -> list[tuple[str | None, list[int]]]:
-        if isinstance(prompts, (str, dict)):
-            prompts = [prompts]
-        if not isinstance(prompts, Sequence) or len(prompts) == 0:
-            raise ValueError("prompts must be a non-empty string, dict or list of them")
-        out: list[tuple[str | None, list[int]]] = []
-        for i, p in enumerate(prompts):
-            if isinstance(p, str):
-                out.append((p, self._encode(p)))
-            elif isinstance(p, dict) and "prompt_token_ids" in p:
-                ids = list(p["prompt_token_ids"])
-                if not all(isinstance(t, int) for t in ids):
-                    raise ValueError(f"prompts[{i}]['prompt_token_ids'] must be a list of ints")
-                out.append((p.get("prompt"), ids))
-            elif isinstance(p, dict) and "prompt" in p:
-                out.append((p["prompt"], self._encode(p["prompt"])))
-            else:
-                raise ValueError(
-                    f"prompts[{i}] must be a string, {{'prompt': str}} or {{'prompt_token_ids': [...]}}, "
-                    f"got {type(p).__name__}"
-                )
-        vocab = self.config.model.hf_config.vocab_size
-        for i, (_, ids) in enumerate(out):
-            if not ids:
-                raise ValueError(f"prompts[{i}] is empty; give at least one token")
-            bad = [t for t in ids if t < 0 or t >= vocab]
-            if bad:
-                raise ValueError(f"prompts[{i}] has token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
-        return out
 
     # -- generation --------------------------------------------------------------------------
 
@@ -127,7 +107,7 @@ class LLM:
         ``priority`` (one int per prompt, lower is served first) applies with
         ``scheduling_policy="priority"``.
         """
-        items = self._normalize_prompts(prompts)
+        items = self.input_processor.normalize_prompts(prompts)
         if priority is not None and len(priority) != len(items):
             raise ValueError(f"got {len(priority)} priorities for {len(items)} prompts; pass one per prompt")
         priorities = list(priority) if priority is not None else [0] * len(items)
@@ -143,41 +123,52 @@ class LLM:
                 )
         processor = OutputProcessor(self.tokenizer)
         results: list[RequestOutput] = []
-        engine_ids: list[str] = []
-        self.last_finish_order: list[str] = []
+        sent: list[str] = []
+        self.last_finish_order = []
         try:
             for (text, ids), params, prio in zip(items, params_list, priorities):
-                req_id = self.next_request_id()
-                params = prepare_params(self.tokenizer, params)
-                children = [params] if params.n == 1 else [params.clone_for_sample(i) for i in range(params.n)]
-                child_ids = [req_id] if params.n == 1 else [f"{req_id}-{i}" for i in range(params.n)]
-                results.append(processor.add_request(req_id, text, ids, params, child_ids, children))
-                for cid, cparams in zip(child_ids, children):
-                    self.engine.add_request(Request(cid, ids, cparams, eos_token_id=self.eos_token_id, priority=prio))
-                    engine_ids.append(cid)
-            self._run(processor)
+                results.append(self._add(processor, text, ids, params, prio, sent))
+            while processor.has_unfinished_requests():
+                self._step(processor)
         except BaseException:
             # never leave blocks behind: abort whatever this call added and has not finished
-            self.engine.abort_requests([r for r in engine_ids if r in self.engine.scheduler.requests])
+            self.engine_core.abort_requests(sent)
             raise
         return results
 
-    def _run(self, processor: OutputProcessor) -> None:
-        while self.engine.has_unfinished_requests():
-            step = self.engine.step()
-            stopped: list[str] = []
-            for out in step.outputs:
-                if not processor.has(out.req_id):
-                    continue
-                if out.error is not None:
-                    raise ValueError(f"request {out.req_id}: {out.error}")
-                _, stop_str = processor.process(out)
-                if stop_str is not None and not out.finished:
-                    stopped.append(out.req_id)
-                if out.finished or stop_str is not None:
-                    self.last_finish_order.append(out.req_id)
-            if stopped:
-                self.engine.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
+    def stream(self, prompt: Any, sampling_params: SamplingParams | None = None) -> Iterator[RequestOutput]:
+        """Generate for one prompt, yielding its result (updated in place) after every step that
+        changed it; closing the iterator early aborts the request and frees its blocks."""
+        ((text, ids),) = self.input_processor.normalize_prompts(prompt)
+        processor = OutputProcessor(self.tokenizer)
+        sent: list[str] = []
+        result = self._add(processor, text, ids, sampling_params or SamplingParams(), 0, sent)
+        try:
+            while processor.has_unfinished_requests():
+                if self._step(processor):
+                    yield result
+        finally:
+            if not result.finished:
+                self.engine_core.abort_requests(sent)
+
+    def _add(self, processor: OutputProcessor, text: str | None, ids: list[int], params: SamplingParams, priority: int, sent: list[str]) -> RequestOutput:
+        request = self.input_processor.process(self.next_request_id(), ids, params, priority=priority)
+        result, engine_requests = processor.add_request(request, text)
+        for engine_request in engine_requests:
+            self.engine_core.add_request(engine_request)
+            sent.append(engine_request.request_id)
+        return result
+
+    def _step(self, processor: OutputProcessor) -> bool:
+        """One engine step through ``processor``; whether any result changed."""
+        done = processor.process_outputs(self.engine_core.get_output().outputs)
+        if done.failed:
+            request_id, error = done.failed[0]
+            raise ValueError(f"request {request_id}: {error}")
+        self.last_finish_order.extend(done.finished_engine_ids)
+        if done.reqs_to_abort:
+            self.engine_core.abort_requests(done.reqs_to_abort)
+        return bool(done.request_outputs)
 
     def chat(
         self,
@@ -196,8 +187,9 @@ class LLM:
             prompts.append({"prompt": text, "prompt_token_ids": self.tokenizer.encode(text, add_special_tokens=False)})
         return self.generate(prompts, sampling_params)
 
-    def stats(self) -> Any:
-        return self.engine.scheduler.make_stats()
+    def stats(self) -> SchedulerStats:
+        stats = self.engine_core.utility("stats")
+        return stats if isinstance(stats, SchedulerStats) else msgspec.convert(stats, SchedulerStats)
 
     def shutdown(self) -> None:
-        self.engine.shutdown()
+        self.engine_core.shutdown()

@@ -1,19 +1,21 @@
-"""Turning engine-core outputs (token ids, logprob tensors as lists) into user-facing results.
+"""Turning engine-core outputs (token ids, logprobs) into user-facing results.
 
-The :class:`OutputProcessor` runs on the front end (the offline ``LLM`` now, the API server
-later): it owns one :class:`~host.core.frontend.detokenizer.IncrementalDetokenizer` per sequence, turns
-logprobs into ``{token_id: Logprob}`` dicts, finds stop strings (and reports which requests
-they ended, so the caller aborts them in the engine core), and merges the ``n`` sequences of
-a parallel-sampling request into one :class:`RequestOutput`.
+The :class:`OutputProcessor` runs on the front end (the offline ``LLM`` and the API server's
+``AsyncLLM`` alike). It fans a prompt with ``n > 1`` out into ``n`` engine requests and merges
+their sequences back into one :class:`RequestOutput`; it owns one
+:class:`~host.core.frontend.detokenizer.IncrementalDetokenizer` per sequence, turns logprobs
+into ``{token_id: Logprob}`` dicts, finds stop strings (and reports which engine requests they
+ended, so the caller aborts them in the engine core), and keeps each prompt's latency timings.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from host.core.engine.protocol import EngineCoreOutput, EngineCoreRequest, TokenLogprobs
 from host.core.frontend.detokenizer import IncrementalDetokenizer
-from host.core.engine.outputs import EngineCoreOutput, TokenLogprobs
 from host.core.sampling_params import SamplingParams
 
 
@@ -72,38 +74,40 @@ class _Sequence:
             self.output.cumulative_logprob = 0.0
 
 
+@dataclass
+class RequestTiming:
+    """One prompt's timestamps for the latency metrics (``time.monotonic`` seconds)."""
+
+    arrival: float
+    first_token: float | None = None
+    last_token: float | None = None
+    num_output_tokens: int = 0
+    itls: list[float] = field(default_factory=list)
+
+    def on_tokens(self, now: float, count: int) -> None:
+        if self.first_token is None:
+            self.first_token = now
+        elif self.last_token is not None:
+            self.itls.append(now - self.last_token)
+        self.last_token = now
+        self.num_output_tokens += count
+
+
 class _Parent:
+    """Front-end state of one prompt: its result, its ``n`` sequences and its timings."""
+
     def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams) -> None:
         self.result = RequestOutput(request_id, prompt, list(prompt_token_ids))
         if params.prompt_logprobs is not None:
             self.result.prompt_logprobs = [None]
         self.params = params
         self.sequences: list[_Sequence] = []
+        self.engine_ids: list[str] = []
+        self.timing = RequestTiming(time.monotonic())
 
     def refresh(self) -> None:
         self.result.outputs = [s.output for s in self.sequences]
         self.result.finished = all(s.output.finished for s in self.sequences)
-
-
-def prepare_params(tokenizer: Any | None, params: SamplingParams) -> SamplingParams:
-    """Front-end preparation of a request's params: ``bad_words`` become token id sequences
-    (each word with and without a leading space, as a word inside a sentence is tokenized
-    differently). Returns a copy when something changed."""
-    if not params.bad_words:
-        return params
-    if tokenizer is None:
-        raise ValueError("bad_words needs a tokenizer; this engine was built with skip_tokenizer_init=True")
-    import copy
-
-    params = copy.copy(params)
-    seqs: list[list[int]] = []
-    for word in params.bad_words:
-        for variant in (word, " " + word.lstrip()):
-            ids = tokenizer.encode(variant, add_special_tokens=False)
-            if ids and ids not in seqs:
-                seqs.append(ids)
-    params.bad_words_token_ids = seqs
-    return params
 
 
 class OutputProcessor:
@@ -111,32 +115,89 @@ class OutputProcessor:
 
     def __init__(self, tokenizer: Any | None) -> None:
         self.tokenizer = tokenizer
-        self._sequences: dict[str, _Sequence] = {}
+        self._sequences: dict[str, _Sequence] = {}  # engine request id -> its sequence
+        self._parents: dict[str, _Parent] = {}  # prompt request id -> its state, until finished
         self._token_text: dict[int, str] = {}
 
-    def add_request(
-        self,
-        request_id: str,
-        prompt: str | None,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        child_ids: list[str],
-        child_params: list[SamplingParams],
-    ) -> RequestOutput:
-        """Track a prompt whose ``n`` samples run as engine requests ``child_ids``."""
-        parent = _Parent(request_id, prompt, prompt_token_ids, params)
-        for index, (cid, cparams) in enumerate(zip(child_ids, child_params)):
+    def add_request(self, request: EngineCoreRequest, prompt: str | None = None) -> tuple[RequestOutput, list[EngineCoreRequest]]:
+        """Track one prompt; returns its (live, updated in place) result and the engine
+        requests to send: the request itself, or for ``n > 1`` one per sample (ids
+        ``<id>-<i>``, each with its own seed offset)."""
+        params = request.sampling_params
+        if params.n == 1:
+            children = [request]
+        else:
+            children = [
+                EngineCoreRequest(
+                    f"{request.request_id}-{i}", request.prompt_token_ids, params.clone_for_sample(i),
+                    request.eos_token_id, request.arrival_time, request.priority, request.cache_salt,
+                )
+                for i in range(params.n)
+            ]
+        parent = _Parent(request.request_id, prompt, request.prompt_token_ids, params)
+        for index, child in enumerate(children):
+            cparams = child.sampling_params
             detok = None
             if self.tokenizer is not None and cparams.detokenize:
-                detok = IncrementalDetokenizer(self.tokenizer, cparams, prompt_token_ids)
+                detok = IncrementalDetokenizer(self.tokenizer, cparams, request.prompt_token_ids)
             seq = _Sequence(parent, index, cparams, detok)
             parent.sequences.append(seq)
-            self._sequences[cid] = seq
+            parent.engine_ids.append(child.request_id)
+            self._sequences[child.request_id] = seq
+        self._parents[request.request_id] = parent
         parent.refresh()
-        return parent.result
+        return parent.result, children
 
     def has(self, engine_request_id: str) -> bool:
         return engine_request_id in self._sequences
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._parents)
+
+    def engine_ids(self, request_id: str) -> list[str]:
+        """The engine requests of prompt ``request_id`` (empty once it is finished)."""
+        parent = self._parents.get(request_id)
+        return list(parent.engine_ids) if parent is not None else []
+
+    def timing(self, request_id: str) -> RequestTiming | None:
+        parent = self._parents.get(request_id)
+        return parent.timing if parent is not None else None
+
+    def process_outputs(self, outputs: list[EngineCoreOutput]) -> ProcessedOutputs:
+        """Apply one step's engine outputs; see :class:`ProcessedOutputs` for what comes back."""
+        now = time.monotonic()
+        done = ProcessedOutputs()
+        touched: dict[str, RequestOutput] = {}
+        for out in outputs:
+            seq = self._sequences.get(out.req_id)
+            if seq is None:
+                continue  # aborted or finished here already
+            parent = seq.parent
+            rid = parent.result.request_id
+            if out.error is not None:
+                done.failed.append((rid, out.error))
+                self._drop(parent, abort_others=done.reqs_to_abort, failed_id=out.req_id)
+                touched.pop(rid, None)
+                continue
+            if out.new_token_ids:
+                parent.timing.on_tokens(now, len(out.new_token_ids))
+            result, stop_str = self.process(out)
+            if stop_str is not None and not out.finished:
+                done.reqs_to_abort.append(out.req_id)  # a stop string ended it: free its blocks
+            if out.finished or stop_str is not None:
+                done.finished_engine_ids.append(out.req_id)
+            touched[rid] = result
+            if result.finished:
+                self._parents.pop(rid, None)
+        done.request_outputs = list(touched.values())
+        return done
+
+    def _drop(self, parent: _Parent, abort_others: list[str], failed_id: str) -> None:
+        """Forget a failed prompt; its other samples still running must be aborted."""
+        for cid in parent.engine_ids:
+            if self._sequences.pop(cid, None) is not None and cid != failed_id:
+                abort_others.append(cid)
+        self._parents.pop(parent.result.request_id, None)
 
     def _text(self, token_id: int) -> str | None:
         if self.tokenizer is None:
@@ -195,8 +256,29 @@ class OutputProcessor:
             parent.refresh()  # the outputs are updated in place; only "finished" can change
         return parent.result, stop_str
 
-    def abort(self, engine_request_id: str) -> None:
-        seq = self._sequences.pop(engine_request_id, None)
-        if seq is not None and seq.output.finish_reason is None:
-            seq.output.finish_reason = "abort"
-            seq.parent.refresh()
+    def abort_request(self, request_id: str) -> list[str]:
+        """Stop tracking prompt ``request_id`` (its sequences finish with ``"abort"``); returns
+        its engine requests that were still running, for the caller to abort in the engine."""
+        parent = self._parents.pop(request_id, None)
+        if parent is None:
+            return []
+        running = []
+        for cid, seq in zip(parent.engine_ids, parent.sequences):
+            if self._sequences.pop(cid, None) is not None:
+                running.append(cid)
+                if seq.output.finish_reason is None:
+                    seq.output.finish_reason = "abort"
+        parent.refresh()
+        return running
+
+
+@dataclass
+class ProcessedOutputs:
+    """What one step's outputs did: the prompts' updated results (once each), the engine
+    requests a stop string ended (still running in the engine: abort them), the engine
+    requests that finished (in order), and the prompts the engine failed, with its error."""
+
+    request_outputs: list[RequestOutput] = field(default_factory=list)
+    reqs_to_abort: list[str] = field(default_factory=list)
+    finished_engine_ids: list[str] = field(default_factory=list)
+    failed: list[tuple[str, str]] = field(default_factory=list)

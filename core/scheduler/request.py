@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 from host.core.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from host.core.engine.protocol import EngineCoreRequest
     from host.core.kv_cache.hashing import BlockHash, BlockHasher
 
 
@@ -102,6 +103,15 @@ class Request:
             self.set_block_hasher(block_hasher)
 
     # -- tokens ---------------------------------------------------------------------------
+
+    @classmethod
+    def from_engine_core_request(cls, msg: "EngineCoreRequest") -> "Request":
+        """The engine core's state for one request message from the front end."""
+        return cls(
+            msg.request_id, msg.prompt_token_ids, msg.sampling_params, eos_token_id=msg.eos_token_id,
+            arrival_time=msg.arrival_time or None, priority=msg.priority, cache_salt=msg.cache_salt,
+        )
+
     @property
     def num_tokens(self) -> int:
         return len(self.all_token_ids)

@@ -11,42 +11,23 @@ queue (the prefix cache usually still holds most of their blocks when they resum
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Iterable
 
 from host.core.config import CacheConfig, SchedulerConfig
+from host.core.engine.protocol import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
 from host.core.kv_cache.block_pool import KVCacheBlock
 from host.core.kv_cache.hashing import make_block_hasher
 from host.core.kv_cache.manager import KVCacheManager
-from host.core.engine.outputs import (
-    CachedRequestData,
-    EngineCoreOutput,
-    EngineCoreOutputs,
-    ModelRunnerOutput,
-    NewRequestData,
-    SchedulerOutput,
-)
-from host.core.scheduler.request import Request, RequestStatus
+from host.core.scheduler.output import CachedRequestData, NewRequestData, SchedulerOutput
 from host.core.scheduler.policy import create_request_queue
+from host.core.scheduler.request import Request, RequestStatus
+from host.core.worker.output import ModelRunnerOutput
 
 logger = logging.getLogger(__name__)
 
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
-
-
-@dataclass
-class SchedulerStats:
-    """A snapshot of the scheduler for metrics (counters are totals since start-up)."""
-
-    num_running_reqs: int = 0
-    num_waiting_reqs: int = 0
-    kv_cache_usage: float = 0.0
-    prefix_cache_queries: int = 0  # tokens looked up
-    prefix_cache_hits: int = 0  # tokens found
-    prefix_cache_hit_rate: float = 0.0
-    num_preemptions: int = 0
 
 
 class Scheduler:

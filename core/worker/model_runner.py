@@ -12,239 +12,25 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
 from host.core.config import EngineConfig
+from host.core.engine.protocol import TokenLogprobs
+from host.core.engine.structured_output import bitmask_to_bool
+from host.core.scheduler.output import NewRequestData, SchedulerOutput
 from host.core.worker.forward_context import ForwardContext, set_forward_context
 from host.core.worker.graph_runner import DecodeGraphs
-from host.core.engine.outputs import ModelRunnerOutput, NewRequestData, SchedulerOutput, TokenLogprobs
-from host.core.engine.structured_output import bitmask_to_bool
+from host.core.worker.host_staging import HostStaging
+from host.core.worker.input_batch import CachedRequestState, InputBatch, StepInputs
+from host.core.worker.output import ModelRunnerOutput
 from host.core.worker.sampler import LogprobsTensors, Sampler, gather_logprobs, make_metadata, seeded_generator
+from host.core.worker.step_handle import PendingStep, StepTiming
 from host.sdk.attention import AttentionBackend, CommonAttentionMetadata
 
 logger = logging.getLogger("host.model_runner")
-
-
-@dataclass
-class StepTiming:
-    """Where one step's time went: the sampler (metadata included) against the whole step."""
-
-    num_reqs: int
-    num_tokens: int
-    sampler_s: float
-    step_s: float
-
-
-@dataclass
-class StepInputs:
-    """One step's flattened batch on the host: token ``t`` belongs to request
-    ``req_indices[t]``; request ``i`` owns ``query_start_loc[i]:query_start_loc[i+1]``."""
-
-    req_ids: list[str]
-    rows: np.ndarray  # int64 [num_reqs]: each request's row in the persistent batch
-    num_scheduled: np.ndarray  # int64 [num_reqs]
-    input_ids: np.ndarray  # int64 [num_tokens]
-    positions: np.ndarray  # int64 [num_tokens]
-    slot_mapping: np.ndarray  # int64 [num_tokens]
-    query_start_loc: np.ndarray  # int32 [num_reqs + 1]
-    seq_lens: np.ndarray  # int32 [num_reqs]
-    block_table: np.ndarray  # int32 [num_reqs, max_blocks] (a view of the persistent batch)
-    # (flat token indices, rows of the previous step's sampled ids) for tokens still in flight
-    placeholders: tuple[np.ndarray, np.ndarray] | None = None
-
-
-class HostStaging:
-    """Host-to-device copies of step inputs without a host wait.
-
-    On an accelerator each named input has a pinned (page-locked) host buffer and the copy to
-    the device is asynchronous. Steps alternate between two sets of buffers: with asynchronous
-    scheduling step N is prepared while step N-1's copies may still be queued, but step N-2 has
-    finished (its sampled ids were waited for), so the set step N writes is free. On a CPU
-    device the numpy arrays are used as they are."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.pinned = device.type != "cpu"
-        self._sets: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]] = ({}, {})
-        self._buffers = self._sets[0]
-
-    def next_step(self) -> None:
-        """Switch to the other buffer set (call once at the start of every step)."""
-        self._buffers = self._sets[1] if self._buffers is self._sets[0] else self._sets[0]
-
-    def _host(self, name: str, array: np.ndarray) -> torch.Tensor:
-        src = torch.from_numpy(np.ascontiguousarray(array))
-        if not self.pinned:
-            return src
-        n = src.numel()
-        buf = self._buffers.get(name)
-        if buf is None or buf.numel() < n or buf.dtype != src.dtype:
-            buf = torch.empty(max(n, 1024), dtype=src.dtype, pin_memory=True)
-            self._buffers[name] = buf
-        view = buf[:n].view(src.shape)
-        view.copy_(src)
-        return view
-
-    def to_device(self, name: str, array: np.ndarray) -> torch.Tensor:
-        return self._host(name, array).to(self.device, non_blocking=True)
-
-    def copy_into(self, dst: torch.Tensor, name: str, array: np.ndarray) -> None:
-        dst.copy_(self._host(name, array), non_blocking=True)
-
-
-class PendingStep:
-    """A launched step whose sampled token ids are on their way to the host: the copy goes to
-    pinned memory asynchronously, and :meth:`get_output` waits for it (an event, not a device
-    synchronisation), then records the tokens in the persistent batch."""
-
-    def __init__(self, runner: "ModelRunner", req_ids: list[str], final: np.ndarray, logprobs_k: list[int | None],
-                 result: Any, prompt_logprobs: dict[str, list[TokenLogprobs]], timing: tuple[float, float, int]) -> None:
-        self.runner = runner
-        self.req_ids = req_ids
-        self.final = final
-        self.logprobs_k = logprobs_k
-        self.logprobs = result.logprobs
-        self.prompt_logprobs = prompt_logprobs
-        self.timing = timing
-        ids = result.sampled_token_ids
-        self._event = None
-        if ids.device.type == "cpu":
-            self._host = ids
-        else:
-            self._host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
-            self._host.copy_(ids, non_blocking=True)
-            self._event = getattr(torch, ids.device.type).Event()
-            self._event.record()
-        self._output: ModelRunnerOutput | None = None
-
-    def get_output(self) -> ModelRunnerOutput:
-        if self._output is not None:
-            return self._output
-        if self._event is not None:
-            self._event.synchronize()  # the step's one wait for the device
-        sampled = self._host.tolist()
-        lp = self.logprobs
-        if lp is not None and lp.token_ids.device.type != "cpu":
-            lp = LogprobsTensors(lp.token_ids.cpu(), lp.logprobs.cpu(), lp.ranks.cpu())
-        t_sampled = time.perf_counter()
-        sampled_lists, logprob_lists = self.runner._record_step(self.req_ids, self.final, sampled, self.logprobs_k, lp)
-        runner = self.runner
-        if runner.step_timings is not None:
-            t_start, t_sample, num_tokens = self.timing
-            runner.step_timings.append(StepTiming(len(self.req_ids), num_tokens, t_sampled - t_sample, time.perf_counter() - t_start))
-        self._output = ModelRunnerOutput(
-            req_ids=self.req_ids,
-            req_id_to_index={r: i for i, r in enumerate(self.req_ids)},
-            sampled_token_ids=sampled_lists,
-            logprobs=logprob_lists if any(x is not None for x in logprob_lists) else None,
-            prompt_logprobs=self.prompt_logprobs,
-        )
-        return self._output
-
-
-@dataclass
-class CachedRequestState:
-    """What the runner remembers about one request between steps."""
-
-    req_id: str
-    prompt_token_ids: list[int]
-    sampling_params: Any
-    block_ids: list[int]
-    num_computed_tokens: int
-    output_token_ids: list[int] = field(default_factory=list)
-    eos_token_id: int | None = None
-    _allowed: torch.Tensor | None = field(default=None, repr=False)
-
-    def allowed_mask(self, vocab: int) -> torch.Tensor:
-        """bool [vocab]: the ``allowed_token_ids`` whitelist (built once per request)."""
-        if self._allowed is None:
-            mask = torch.zeros(vocab, dtype=torch.bool)
-            mask[torch.tensor(self.sampling_params.allowed_token_ids, dtype=torch.int64)] = True
-            self._allowed = mask
-        return self._allowed
-
-
-class InputBatch:
-    """Fixed-capacity rows holding the persistent state of the running requests.
-
-    Row ``i`` has the token ids of one request (prompt then outputs), how many of them are
-    known, and its block table. Removing a request leaves a hole that :meth:`condense` fills by
-    moving the last rows down, so rows ``0..num_reqs-1`` are always dense.
-    """
-
-    def __init__(self, max_num_reqs: int, max_model_len: int, max_blocks_per_req: int) -> None:
-        self.max_num_reqs = max_num_reqs
-        self.max_model_len = max_model_len
-        self.token_ids = np.zeros((max_num_reqs, max_model_len), dtype=np.int64)
-        self.num_tokens = np.zeros(max_num_reqs, dtype=np.int64)
-        self.num_computed_tokens = np.zeros(max_num_reqs, dtype=np.int64)
-        self.block_table = np.zeros((max_num_reqs, max_blocks_per_req), dtype=np.int32)
-        self.num_blocks = np.zeros(max_num_reqs, dtype=np.int64)
-        self.req_ids: list[str | None] = []
-        self.req_id_to_index: dict[str, int] = {}
-        self.states: list[CachedRequestState | None] = []
-
-    @property
-    def num_reqs(self) -> int:
-        return len(self.req_id_to_index)
-
-    def add(self, state: CachedRequestState) -> None:
-        try:
-            index = self.req_ids.index(None)
-        except ValueError:
-            index = len(self.req_ids)
-            if index >= self.max_num_reqs:
-                raise RuntimeError(f"persistent batch is full ({self.max_num_reqs} requests)") from None
-            self.req_ids.append(None)
-            self.states.append(None)
-        self.req_ids[index] = state.req_id
-        self.states[index] = state
-        self.req_id_to_index[state.req_id] = index
-        ids = state.prompt_token_ids + state.output_token_ids
-        self.token_ids[index, : len(ids)] = ids
-        self.num_tokens[index] = len(ids)
-        self.num_computed_tokens[index] = state.num_computed_tokens
-        self.num_blocks[index] = 0
-        self.append_blocks(index, state.block_ids)
-
-    def append_blocks(self, index: int, block_ids: list[int]) -> None:
-        start = int(self.num_blocks[index])
-        end = start + len(block_ids)
-        if end > self.block_table.shape[1]:
-            raise RuntimeError(f"block table row overflow: {end} > {self.block_table.shape[1]} blocks")
-        self.block_table[index, start:end] = block_ids
-        self.num_blocks[index] = end
-
-    def remove(self, req_id: str) -> None:
-        index = self.req_id_to_index.pop(req_id, None)
-        if index is None:
-            return
-        self.req_ids[index] = None
-        self.states[index] = None
-
-    def condense(self) -> None:
-        """Move live rows from the tail into holes so live rows are ``0..num_reqs-1``."""
-        n = self.num_reqs
-        holes = [i for i in range(n) if self.req_ids[i] is None]
-        movers = [i for i in range(n, len(self.req_ids)) if self.req_ids[i] is not None]
-        for hole, src in zip(holes, movers):
-            req_id = self.req_ids[src]
-            k = int(self.num_tokens[src])
-            self.token_ids[hole, :k] = self.token_ids[src, :k]
-            self.num_tokens[hole] = k
-            self.num_computed_tokens[hole] = self.num_computed_tokens[src]
-            nb = int(self.num_blocks[src])
-            self.block_table[hole, :nb] = self.block_table[src, :nb]
-            self.num_blocks[hole] = nb
-            self.req_ids[hole] = req_id
-            self.states[hole] = self.states[src]
-            self.req_id_to_index[req_id] = hole
-        del self.req_ids[n:]
-        del self.states[n:]
 
 
 class ModelRunner:
@@ -279,8 +65,8 @@ class ModelRunner:
     # -- start-up ----------------------------------------------------------------------------
 
     def load_model(self) -> None:
-        from host.core.worker.attention_selector import select_attention_backend
         from host.core.models.loader import load_model
+        from host.core.worker.attention_selector import select_attention_backend
 
         self.dtype = getattr(torch, self.config.model.dtype)  # resolved by EngineArgs
         self.attn_backend = select_attention_backend(self.config, self.platform, self.config.model.hf_config, self.dtype)

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 import torch
 
 from host.core.config import EngineConfig
+from host.core.scheduler.output import SchedulerOutput
 from host.core.worker.model_runner import ModelRunner
-from host.core.engine.outputs import ModelRunnerOutput, SchedulerOutput
 
 logger = logging.getLogger("host.worker")
 

@@ -11,23 +11,16 @@ import random
 
 import pytest
 import torch
-import transformers
 
-from helpers import hf_greedy
+from helpers import hf_greedy, hf_model
 from host import LLM, SamplingParams
 from host.core.scheduler.request import Request
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, vocab_size=300, max_position_embeddings=128,
-                                      initializer_range=0.1, tie_word_embeddings=True)
-    torch.manual_seed(0)
-    hf = transformers.LlamaForCausalLM(config).eval()
-    path = tmp_path_factory.mktemp("tiny-async")
-    hf.save_pretrained(path)
-    return str(path), hf
+def tiny(tiny_checkpoint):
+    path = tiny_checkpoint("llama", initializer_range=0.1, tie_word_embeddings=True)
+    return str(path), hf_model(path)
 
 
 def engines(path, **kw):
@@ -139,7 +132,7 @@ def test_staging_alternates_buffer_sets(monkeypatch):
     """Step N must not overwrite the pinned buffers step N-1's queued copies read from."""
     import numpy as np
 
-    from host.core.worker.model_runner import HostStaging
+    from host.core.worker.host_staging import HostStaging
 
     stage = HostStaging(torch.device("cpu"))
     stage.pinned = True  # exercise the buffer logic; pinning itself needs an accelerator

@@ -13,7 +13,8 @@ import pytest
 
 from host.core.config import CacheConfig, SchedulerConfig
 from host.core.kv_cache.manager import KVCacheManager
-from host.core.engine.outputs import ModelRunnerOutput, SchedulerOutput
+from host.core.scheduler.output import SchedulerOutput
+from host.core.worker.output import ModelRunnerOutput
 from host.core.scheduler.request import Request, RequestStatus
 from host.core.sampling_params import SamplingParams
 from host.core.scheduler.policy import FCFSRequestQueue, PriorityRequestQueue, create_request_queue

@@ -24,7 +24,7 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def row(**kw):
-    from host.core.worker.model_runner import CachedRequestState
+    from host.core.worker.input_batch import CachedRequestState
 
     return CachedRequestState("r", [1, 2], SamplingParams(**kw), [], 2)
 

@@ -1,0 +1,144 @@
+"""The front end's input processor: every prompt and parameter check, once, before the engine.
+
+Both front ends (the offline :class:`~host.core.frontend.llm.LLM` and the API server's
+:class:`~host.core.frontend.async_llm.AsyncLLM`) turn a prompt and its
+:class:`SamplingParams` into an :class:`EngineCoreRequest` here. A bad value raises
+``ValueError`` naming it and the fix (the API server answers HTTP 400), so the engine core only
+sees requests it can run. What only the engine knows (the KV cache's size, whether a grammar
+compiles) is checked there.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any, Sequence
+
+from host.core.engine.protocol import EngineCoreRequest
+from host.core.sampling_params import SamplingParams
+
+
+def prepare_params(tokenizer: Any | None, params: SamplingParams) -> SamplingParams:
+    """Front-end preparation of a request's params: ``bad_words`` become token id sequences
+    (each word with and without a leading space, as a word inside a sentence is tokenized
+    differently). Returns a copy when something changed."""
+    if not params.bad_words:
+        return params
+    if tokenizer is None:
+        raise ValueError("bad_words needs a tokenizer; this engine was built with skip_tokenizer_init=True")
+    params = copy.copy(params)
+    seqs: list[list[int]] = []
+    for word in params.bad_words:
+        for variant in (word, " " + word.lstrip()):
+            ids = tokenizer.encode(variant, add_special_tokens=False)
+            if ids and ids not in seqs:
+                seqs.append(ids)
+    params.bad_words_token_ids = seqs
+    return params
+
+
+class InputProcessor:
+    """Validates and prepares requests for one engine configuration and tokenizer."""
+
+    def __init__(self, config: Any, tokenizer: Any | None) -> None:
+        self.tokenizer = tokenizer
+        self.max_model_len: int = config.model.max_model_len
+        self.vocab_size: int = config.model.hf_config.vocab_size
+        self.max_num_seqs: int = config.scheduler.max_num_seqs
+        if tokenizer is not None:
+            self.eos_token_id: int | None = tokenizer.eos_token_id
+        else:
+            eos = getattr(config.model.hf_config, "eos_token_id", None)
+            self.eos_token_id = eos[0] if isinstance(eos, list) and eos else eos
+
+    # -- offline prompt shapes ----------------------------------------------------------------
+    def normalize_prompts(self, prompts: Any) -> list[tuple[str | None, list[int]]]:
+        """``"text"``, ``{"prompt": text}``, ``{"prompt_token_ids": [...]}`` or a list of them
+        -> ``(text or None, token ids)`` per prompt, in order."""
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        if not isinstance(prompts, Sequence) or len(prompts) == 0:
+            raise ValueError("prompts must be a non-empty string, dict or list of them")
+        out: list[tuple[str | None, list[int]]] = []
+        for i, p in enumerate(prompts):
+            if isinstance(p, str):
+                out.append((p, self._encode(p)))
+            elif isinstance(p, dict) and "prompt_token_ids" in p:
+                ids = list(p["prompt_token_ids"])
+                if not all(isinstance(t, int) for t in ids):
+                    raise ValueError(f"prompts[{i}]['prompt_token_ids'] must be a list of ints")
+                out.append((p.get("prompt"), ids))
+            elif isinstance(p, dict) and "prompt" in p:
+                out.append((p["prompt"], self._encode(p["prompt"])))
+            else:
+                raise ValueError(
+                    f"prompts[{i}] must be a string, {{'prompt': str}} or {{'prompt_token_ids': [...]}}, "
+                    f"got {type(p).__name__}"
+                )
+        for i, (_, ids) in enumerate(out):
+            if not ids:
+                raise ValueError(f"prompts[{i}] is empty; give at least one token")
+            self._check_vocab(ids, f"prompts[{i}]")
+        return out
+
+    def _encode(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("this LLM was built with skip_tokenizer_init=True; pass {'prompt_token_ids': [...]}")
+        return self.tokenizer.encode(text)
+
+    def _check_vocab(self, ids: list[int], what: str) -> None:
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"{what} has token ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
+
+    # -- one request ----------------------------------------------------------------------------
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams, *, whole_request_fits: bool = False) -> None:
+        """Raise ``ValueError`` for what the engine would refuse or cannot run.
+
+        ``whole_request_fits`` is the API server's admission rule (vLLM's too): the prompt must
+        leave room for output, ``max_tokens`` must fit in ``max_model_len``, and the ``n``
+        samples must run side by side. The offline engine instead ends an over-long output with
+        finish reason ``"length"``."""
+        n = len(prompt_token_ids)
+        max_len = self.max_model_len
+        if n == 0:
+            raise ValueError("the prompt is empty; send at least one token")
+        if whole_request_fits:
+            if n >= max_len:
+                raise ValueError(
+                    f"the prompt has {n} tokens but this server's max_model_len is {max_len}; "
+                    "shorten the prompt (one position must remain for the output)"
+                )
+            if params.max_tokens is not None and n + params.max_tokens > max_len:
+                raise ValueError(
+                    f"max_tokens={params.max_tokens} plus the prompt's {n} tokens exceeds max_model_len={max_len}; "
+                    f"ask for at most {max_len - n} tokens"
+                )
+            if params.n > self.max_num_seqs:
+                raise ValueError(
+                    f"n={params.n} exceeds this server's max_num_seqs={self.max_num_seqs}; the samples run side by side"
+                )
+            self._check_vocab(prompt_token_ids, "the prompt")
+        elif n > max_len:
+            raise ValueError(
+                f"the prompt has {n} tokens, more than max_model_len={max_len}; "
+                "shorten the prompt or raise --max-model-len"
+            )
+        params.verify(self.vocab_size)
+
+    def process(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        priority: int = 0,
+        whole_request_fits: bool = False,
+    ) -> EngineCoreRequest:
+        """The engine request for one prompt (its ``n`` samples are fanned out by the output
+        processor). Prepares the params (``bad_words``) and validates everything."""
+        params = prepare_params(self.tokenizer, params)
+        self.validate(prompt_token_ids, params, whole_request_fits=whole_request_fits)
+        return EngineCoreRequest(
+            request_id, list(prompt_token_ids), params, self.eos_token_id, time.time(), priority
+        )

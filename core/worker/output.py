@@ -1,0 +1,25 @@
+"""What the model runner produced in one step, as the executor hands it back to the scheduler."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from host.core.engine.protocol import TokenLogprobs
+
+
+@dataclass
+class ModelRunnerOutput:
+    """What one step produced: for each scheduled request, its sampled token ids (empty for a
+    request whose prefill chunk did not reach the end of the prompt), the logprobs of those
+    tokens for requests that asked, and the prompt logprobs computed by this step's prefill
+    chunk (positions ``1..``; position 0 has none)."""
+
+    req_ids: list[str]
+    req_id_to_index: dict[str, int]
+    sampled_token_ids: list[list[int]]
+    logprobs: list[list[TokenLogprobs] | None] | None = None  # per row, like sampled_token_ids
+    prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
+
+    def get_output(self) -> "ModelRunnerOutput":
+        """A finished output is its own step handle (see ``Executor.execute_model``)."""
+        return self
