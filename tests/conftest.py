@@ -1,10 +1,13 @@
-"""Shared test set-up: real pip installs of the fixture plugin packages under tests/fixtures/."""
+"""Shared test set-up: real pip installs of the fixture plugin packages under tests/fixtures/, and
+the one factory of tiny random model checkpoints."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 
@@ -36,3 +39,71 @@ def fixture_sites(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return sites
 
 
+
+
+# -- tiny random checkpoints ----------------------------------------------------------------------
+
+TINY_ARCHS = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3"}  # arch -> transformers' class prefix
+TINY_SHAPE = dict(
+    hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    vocab_size=300, max_position_embeddings=128,
+)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """A factory ``tiny_checkpoint(arch, **overrides) -> Path`` of tiny random Hugging Face
+    checkpoints, built with transformers' own model classes and ``save_pretrained``.
+
+    ``arch`` is ``"llama"``, ``"qwen2"`` or ``"qwen3"``; ``overrides`` are config fields over
+    ``TINY_SHAPE``. Keyword-only factory arguments shape the weights:
+
+    - ``seed`` (0): ``torch.manual_seed`` right before the model is built (the caller's RNG state
+      is left as it was);
+    - ``norm_std`` / ``bias_std`` (0): norm weights become ``1 + norm_std * randn`` and biases
+      ``bias_std * randn`` (in parameter order), so a mis-mapped tensor shows;
+    - ``lm_head_scale`` (1): multiplies ``lm_head.weight`` (tied embeddings too) for a peakier
+      distribution;
+    - ``dtype`` ("float32"): the dtype the weights are cast to and saved in;
+    - ``weights`` (True): ``False`` saves only ``config.json``, for dummy weights or configuration.
+
+    The directory holds no tokenizer (tests pass ``skip_tokenizer_init=True``); load the
+    reference model with ``helpers.hf_model(path)``. Identical requests (the same config and the
+    same arguments) return the same directory, once per session: tests must not write into it.
+    """
+    made: dict[str, Path] = {}
+
+    def build(arch: str, *, seed: int = 0, norm_std: float = 0.0, bias_std: float = 0.0, lm_head_scale: float = 1.0,
+              dtype: str = "float32", weights: bool = True, **overrides: Any) -> Path:
+        import torch
+        import transformers
+
+        if arch not in TINY_ARCHS:
+            raise ValueError(f"tiny_checkpoint: unknown arch {arch!r}; use one of {sorted(TINY_ARCHS)}")
+        prefix = TINY_ARCHS[arch]
+        config = getattr(transformers, f"{prefix}Config")(**{**TINY_SHAPE, **overrides})
+        config.architectures = [f"{prefix}ForCausalLM"]
+        key = json.dumps([config.to_dict(), seed, norm_std, bias_std, lm_head_scale, dtype, weights],
+                         sort_keys=True, default=str)
+        if key in made:
+            return made[key]
+        path = tmp_path_factory.mktemp(f"tiny-{arch}")
+        if not weights:
+            config.save_pretrained(path)
+        else:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                model = getattr(transformers, f"{prefix}ForCausalLM")(config).eval()
+                with torch.no_grad():
+                    for name, param in model.named_parameters():
+                        if norm_std and name.endswith("norm.weight"):
+                            param.copy_(1.0 + norm_std * torch.randn_like(param))
+                        elif bias_std and name.endswith(".bias"):
+                            param.copy_(bias_std * torch.randn_like(param))
+                    if lm_head_scale != 1.0:
+                        model.lm_head.weight.mul_(lm_head_scale)
+            model.to(getattr(torch, dtype)).save_pretrained(path)
+        made[key] = path
+        return path
+
+    return build

@@ -42,6 +42,14 @@ def run_host(args: list[str], sites: list[str], timeout: float = 120, **extra: s
     return subprocess.run([HOST_BIN, *args], capture_output=True, text=True, env=subprocess_env(sites, **extra), timeout=timeout)
 
 
+def hf_model(path):
+    """The Hugging Face reference model of a checkpoint directory (e.g. one ``tiny_checkpoint``
+    made), in the dtype it was saved in, in eval mode; each call loads a fresh copy."""
+    import transformers
+
+    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype="auto").eval()
+
+
 def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
     """The reference: ``n`` greedy tokens from a Hugging Face model (EOS ignored)."""
     import torch

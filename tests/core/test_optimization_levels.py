@@ -7,22 +7,15 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
-import transformers
 
-from helpers import hf_greedy
+from helpers import hf_greedy, hf_model
 from host import LLM, SamplingParams
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, vocab_size=300, max_position_embeddings=128, tie_word_embeddings=True)
-    torch.manual_seed(0)
-    hf = transformers.LlamaForCausalLM(config).eval()
-    path = tmp_path_factory.mktemp("tiny-o")
-    hf.save_pretrained(path)
-    return str(path), hf
+def tiny(tiny_checkpoint):
+    path = tiny_checkpoint("llama", tie_word_embeddings=True)
+    return str(path), hf_model(path)
 
 
 @pytest.mark.parametrize("level", [0, 2, 3])

@@ -7,8 +7,8 @@ import random
 
 import pytest
 import torch
-import transformers
 
+from helpers import hf_model
 from host import LLM, SamplingParams
 
 TINY = dict(
@@ -19,15 +19,9 @@ TINY = dict(
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    config = transformers.LlamaConfig(**TINY)
-    torch.manual_seed(99)
-    model = transformers.LlamaForCausalLM(config).eval()
-    with torch.no_grad():  # a peakier distribution than the default init
-        model.lm_head.weight.mul_(4)
-    path = tmp_path_factory.mktemp("tiny-llama")
-    model.save_pretrained(path)
-    return str(path), model
+def tiny(tiny_checkpoint):
+    path = tiny_checkpoint("llama", seed=99, lm_head_scale=4, **TINY)  # a peakier distribution than the default init
+    return str(path), hf_model(path)
 
 
 def prompts(lengths, seed=0):

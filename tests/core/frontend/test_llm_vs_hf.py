@@ -12,10 +12,8 @@ import random
 from typing import Any
 
 import pytest
-import torch
-import transformers
 
-from helpers import hf_greedy
+from helpers import hf_greedy, hf_model
 from host import LLM, SamplingParams
 
 MAX_NEW = 12
@@ -33,23 +31,19 @@ TINY = dict(
 )
 
 ARCHS = {
-    "llama": ("LlamaConfig", dict(tie_word_embeddings=True)),
-    "qwen2": ("Qwen2Config", dict(tie_word_embeddings=False, rope_theta=1000000.0)),
-    "qwen3": ("Qwen3Config", dict(head_dim=32, tie_word_embeddings=True)),
+    "llama": dict(tie_word_embeddings=True),
+    "qwen2": dict(tie_word_embeddings=False, rope_theta=1000000.0),
+    "qwen3": dict(head_dim=32, tie_word_embeddings=True),
 }
 
 
 @pytest.fixture(scope="module")
-def tiny_models(tmp_path_factory) -> dict[str, tuple[str, Any]]:
-    """Save one tiny random checkpoint per architecture; keep the HF model as the reference."""
+def tiny_models(tiny_checkpoint) -> dict[str, tuple[str, Any]]:
+    """One tiny random checkpoint per architecture, with the HF model as the reference."""
     made = {}
-    for name, (config_cls, overrides) in ARCHS.items():
-        config = getattr(transformers, config_cls)(**{**TINY, **overrides})
-        torch.manual_seed(1234)
-        model = getattr(transformers, config_cls.replace("Config", "ForCausalLM"))(config).eval()
-        path = tmp_path_factory.mktemp(name)
-        model.save_pretrained(path)
-        made[name] = (str(path), model)
+    for arch, overrides in ARCHS.items():
+        path = tiny_checkpoint(arch, seed=1234, **{**TINY, **overrides})
+        made[arch] = (str(path), hf_model(path))
     return made
 
 

@@ -1,7 +1,7 @@
 """Our Llama / Qwen2 / Qwen3 against Hugging Face transformers on tiny random checkpoints.
 
-Each case builds the Hugging Face model from a tiny config, saves it with ``save_pretrained``,
-loads the directory through our loader and compares logits of one causal sequence (no forward
+Each case takes a tiny random checkpoint (``tiny_checkpoint``: transformers' model saved with
+``save_pretrained``), loads the directory through our loader and compares logits of one causal sequence (no forward
 context: the attention layer's dense causal path).
 """
 
@@ -16,6 +16,7 @@ import pytest
 import torch
 import transformers
 
+from helpers import hf_model
 from host.core.config import LoadConfig, ModelConfig
 from host.core.models.layers import RotaryEmbedding, rope_parameters_from_config
 from host.core.models.loader import get_model_architecture, load_model, max_model_len, resolve_dtype
@@ -39,10 +40,10 @@ BASE = dict(
 )
 
 CASES: dict[str, tuple[str, dict[str, Any]]] = {
-    "llama-tied": ("LlamaConfig", dict(tie_word_embeddings=True, rope_theta=10000.0)),
-    "llama-untied-bias": ("LlamaConfig", dict(tie_word_embeddings=False, attention_bias=True, mlp_bias=True)),
+    "llama-tied": ("llama", dict(tie_word_embeddings=True, rope_theta=10000.0)),
+    "llama-untied-bias": ("llama", dict(tie_word_embeddings=False, attention_bias=True, mlp_bias=True)),
     "llama3-rope": (
-        "LlamaConfig",
+        "llama",
         dict(
             rope_theta=500000.0,
             rope_scaling=dict(
@@ -54,38 +55,26 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
             ),
         ),
     ),
-    "llama-linear-rope": ("LlamaConfig", dict(rope_scaling=dict(rope_type="linear", factor=2.0))),
-    "llama-dynamic-rope": ("LlamaConfig", dict(rope_scaling=dict(rope_type="dynamic", factor=2.0))),
-    "qwen2-bias": ("Qwen2Config", dict(tie_word_embeddings=True, rope_theta=1000000.0)),
+    "llama-linear-rope": ("llama", dict(rope_scaling=dict(rope_type="linear", factor=2.0))),
+    "llama-dynamic-rope": ("llama", dict(rope_scaling=dict(rope_type="dynamic", factor=2.0))),
+    "qwen2-bias": ("qwen2", dict(tie_word_embeddings=True, rope_theta=1000000.0)),
     "qwen2-yarn": (
-        "Qwen2Config",
+        "qwen2",
         dict(rope_scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=32)),
     ),
     "qwen2-sliding-window": (
-        "Qwen2Config",
+        "qwen2",
         dict(use_sliding_window=True, sliding_window=8, max_window_layers=1),
     ),
-    "qwen3-qk-norm": ("Qwen3Config", dict(head_dim=32, tie_word_embeddings=False)),
+    "qwen3-qk-norm": ("qwen3", dict(head_dim=32, tie_word_embeddings=False)),
 }
 
 
-def _hf_model(config_cls: str, overrides: dict[str, Any], seed: int = 0) -> Any:
-    config = getattr(transformers, config_cls)(**{**BASE, **overrides})
-    model_cls = getattr(transformers, config_cls.replace("Config", "ForCausalLM"))
-    torch.manual_seed(seed)
-    model = model_cls(config).eval()
-    with torch.no_grad():  # move norms and biases away from 1 / 0 so a mis-mapped tensor shows
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                param.copy_(1.0 + 0.1 * torch.randn_like(param))
-            elif name.endswith(".bias"):
-                param.copy_(0.05 * torch.randn_like(param))
-    return model
-
-
-def _save(model: Any, path: Path) -> str:
-    model.save_pretrained(path)
-    return str(path)
+def _checkpoint(tiny_checkpoint: Any, arch: str, overrides: dict[str, Any]) -> tuple[str, Any]:
+    """The checkpoint directory and its HF reference model; norms and biases are moved away from
+    1 / 0 so a mis-mapped tensor shows."""
+    path = tiny_checkpoint(arch, norm_std=0.1, bias_std=0.05, **{**BASE, **overrides})
+    return str(path), hf_model(path)
 
 
 def _logits(model: Any, ids: torch.Tensor) -> torch.Tensor:
@@ -94,12 +83,11 @@ def _logits(model: Any, ids: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_logits_match_transformers(case: str, tmp_path: Path) -> None:
-    config_cls, overrides = CASES[case]
-    hf = _hf_model(config_cls, overrides)
-    path = _save(hf, tmp_path / case)
+def test_logits_match_transformers(case: str, tiny_checkpoint: Any) -> None:
+    arch, overrides = CASES[case]
+    path, hf = _checkpoint(tiny_checkpoint, arch, overrides)
     model, hf_config = load_model(ModelConfig(model=path), LoadConfig(), attn_backend=None)
-    assert type(model).__name__ == config_cls.replace("Config", "ForCausalLM")
+    assert type(model).__name__ == {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3"}[arch] + "ForCausalLM"
     ids = torch.randint(0, VOCAB, (SEQ_LEN,), generator=torch.Generator().manual_seed(1))
     ours = _logits(model, ids)
     with torch.no_grad():
@@ -109,9 +97,8 @@ def test_logits_match_transformers(case: str, tmp_path: Path) -> None:
     assert diff < 1e-4, f"{case}: max |logit diff| = {diff}"
 
 
-def test_bfloat16_close_to_transformers(tmp_path: Path) -> None:
-    hf = _hf_model("LlamaConfig", {})
-    path = _save(hf, tmp_path / "m")
+def test_bfloat16_close_to_transformers(tiny_checkpoint: Any) -> None:
+    path, hf = _checkpoint(tiny_checkpoint, "llama", {})
     model, _ = load_model(ModelConfig(model=path, dtype="bfloat16"), LoadConfig(), attn_backend=None)
     assert model.model.embed_tokens.weight.dtype == torch.bfloat16
     ids = torch.randint(0, VOCAB, (SEQ_LEN,), generator=torch.Generator().manual_seed(2))
@@ -123,12 +110,11 @@ def test_bfloat16_close_to_transformers(tmp_path: Path) -> None:
     assert (ours - ref).abs().max().item() < 0.1  # a few bf16 ulps at |logit| ~ 3
 
 
-def test_positions_are_honoured(tmp_path: Path) -> None:
+def test_positions_are_honoured(tiny_checkpoint: Any) -> None:
     """Positions come from the argument, not from token order: shifting every position by a
     constant leaves the outputs unchanged (RoPE depends only on relative position), while a
     different relative layout changes them."""
-    hf = _hf_model("Qwen3Config", {"head_dim": 32})
-    path = _save(hf, tmp_path / "m")
+    path, _ = _checkpoint(tiny_checkpoint, "qwen3", {"head_dim": 32})
     model, _ = load_model(ModelConfig(model=path), LoadConfig(), attn_backend=None)
     ids = torch.randint(0, VOCAB, (12,), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
@@ -139,13 +125,11 @@ def test_positions_are_honoured(tmp_path: Path) -> None:
     assert (a - c).abs().max().item() > 1e-2
 
 
-def test_dummy_weights_from_config_only(tmp_path: Path) -> None:
-    config = transformers.Qwen2Config(**BASE)
-    config.architectures = ["Qwen2ForCausalLM"]
-    config.save_pretrained(tmp_path)
-    assert not list(tmp_path.glob("*.safetensors"))
-    m1, _ = load_model(ModelConfig(model=str(tmp_path), seed=7), LoadConfig(load_format="dummy"), None)
-    m2, _ = load_model(ModelConfig(model=str(tmp_path), seed=7), LoadConfig(load_format="dummy"), None)
+def test_dummy_weights_from_config_only(tiny_checkpoint: Any) -> None:
+    path = tiny_checkpoint("qwen2", weights=False, **BASE)
+    assert not list(path.glob("*.safetensors"))
+    m1, _ = load_model(ModelConfig(model=str(path), seed=7), LoadConfig(load_format="dummy"), None)
+    m2, _ = load_model(ModelConfig(model=str(path), seed=7), LoadConfig(load_format="dummy"), None)
     w1, w2 = (m.model.layers[0].self_attn.qkv_proj.weight for m in (m1, m2))
     assert torch.equal(w1, w2)
     assert torch.all(m1.model.norm.weight == 1)
@@ -154,8 +138,8 @@ def test_dummy_weights_from_config_only(tmp_path: Path) -> None:
     assert torch.isfinite(logits).all()
 
 
-def test_missing_and_misshaped_weights_are_errors(tmp_path: Path) -> None:
-    hf = _hf_model("LlamaConfig", {"tie_word_embeddings": False})
+def test_missing_and_misshaped_weights_are_errors(tiny_checkpoint: Any) -> None:
+    _, hf = _checkpoint(tiny_checkpoint, "llama", {"tie_word_embeddings": False})
     state = hf.state_dict()
     model = resolve_model_class(["LlamaForCausalLM"])(hf.config, torch.float32, None)
     partial = {k: v for k, v in state.items() if "layers.1.self_attn.k_proj" not in k}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import transformers
 
 from host import LLM, SamplingParams
 from host.plugins.builtin_cpu.attention import CpuPagedAttentionBackend
@@ -12,15 +11,8 @@ from host.sdk import MultipleOf, hookimpl
 
 
 @pytest.fixture(scope="module")
-def tiny_llama(tmp_path_factory) -> str:
-    config = transformers.LlamaConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=256, max_position_embeddings=128, initializer_range=0.1,
-    )
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("tiny-llama")
-    transformers.LlamaForCausalLM(config).save_pretrained(path)
-    return str(path)
+def tiny_llama(tiny_checkpoint) -> str:
+    return str(tiny_checkpoint("llama", intermediate_size=128, vocab_size=256, initializer_range=0.1))
 
 
 class CountingBackend(CpuPagedAttentionBackend):

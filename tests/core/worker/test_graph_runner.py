@@ -21,9 +21,8 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 pytest.importorskip("triton")
-import transformers  # noqa: E402
 
-from helpers import hf_greedy  # noqa: E402
+from helpers import hf_greedy, hf_model  # noqa: E402
 from host import LLM, SamplingParams  # noqa: E402
 from host.core.worker.graph_runner import eager_replay_capture  # noqa: E402
 from host.plugins.builtin_cpu.platform import CpuPlatform  # noqa: E402
@@ -38,15 +37,9 @@ def capturing_cpu(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    config = transformers.Qwen3Config(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, head_dim=16, vocab_size=300, max_position_embeddings=1024,
-                                      tie_word_embeddings=True)
-    torch.manual_seed(0)
-    hf = transformers.Qwen3ForCausalLM(config).eval()
-    path = tmp_path_factory.mktemp("tiny-graphs")
-    hf.save_pretrained(path)
-    return str(path), hf
+def tiny(tiny_checkpoint):
+    path = tiny_checkpoint("qwen3", head_dim=16, max_position_embeddings=1024, tie_word_embeddings=True)
+    return str(path), hf_model(path)
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])

@@ -6,23 +6,16 @@ accounting is driven through ``torch.cuda``'s memory functions monkeypatched wit
 
 from __future__ import annotations
 
-
 import pytest
 import torch
-import transformers
 
 from host import LLM
 from host.core.worker.worker import GRAPH_MEMORY_RESERVE, kv_budget
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, vocab_size=300, max_position_embeddings=128)
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("tiny-profile")
-    transformers.LlamaForCausalLM(config).save_pretrained(path)
-    return str(path)
+def tiny(tiny_checkpoint):
+    return str(tiny_checkpoint("llama"))
 
 
 def test_kv_budget_arithmetic():

@@ -11,9 +11,8 @@ import random
 
 import pytest
 import torch
-import transformers
 
-from helpers import hf_greedy
+from helpers import hf_greedy, hf_model
 from host import LLM, SamplingParams
 
 TINY = dict(
@@ -21,33 +20,25 @@ TINY = dict(
     num_key_value_heads=2, vocab_size=300, max_position_embeddings=256, rms_norm_eps=1e-6,
 )
 ARCHS = {
-    "llama": ("LlamaConfig", dict(tie_word_embeddings=True)),
+    "llama": ("llama", dict(tie_word_embeddings=True)),
     "qwen2-bias-window": (
-        "Qwen2Config",
+        "qwen2",
         dict(tie_word_embeddings=False, use_sliding_window=True, sliding_window=6, max_window_layers=1),
     ),
-    "qwen3-qk-norm": ("Qwen3Config", dict(head_dim=32, tie_word_embeddings=True)),
+    "qwen3-qk-norm": ("qwen3", dict(head_dim=32, tie_word_embeddings=True)),
 }
 
 
-def _checkpoint(tmp_path, arch):
-    config_cls, overrides = ARCHS[arch]
-    config = getattr(transformers, config_cls)(**{**TINY, **overrides})
-    torch.manual_seed(7)
-    model = getattr(transformers, config_cls.replace("Config", "ForCausalLM"))(config).eval()
-    with torch.no_grad():  # norms and biases away from 1 / 0, so a swapped tensor shows
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                param.copy_(1 + 0.2 * torch.randn_like(param))
-            elif name.endswith("bias"):
-                param.copy_(0.2 * torch.randn_like(param))
-    model.save_pretrained(tmp_path)
-    return str(tmp_path), model
+def _checkpoint(tiny_checkpoint, arch):
+    family, overrides = ARCHS[arch]
+    # norms and biases away from 1 / 0, so a swapped tensor shows
+    path = tiny_checkpoint(family, seed=7, norm_std=0.2, bias_std=0.2, **{**TINY, **overrides})
+    return str(path), hf_model(path)
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
-def test_fused_decode_matches_layer_by_layer_and_transformers(tmp_path, arch):
-    path, hf = _checkpoint(tmp_path, arch)
+def test_fused_decode_matches_layer_by_layer_and_transformers(tiny_checkpoint, arch):
+    path, hf = _checkpoint(tiny_checkpoint, arch)
     llm = LLM(path, skip_tokenizer_init=True, max_model_len=128, block_size=4)
     decoder = llm.engine.executor.worker.model_runner.model.model
     fused = decoder.decode_kernel
@@ -75,8 +66,8 @@ def test_fused_decode_matches_layer_by_layer_and_transformers(tmp_path, arch):
         assert out.outputs[0].token_ids == hf_greedy(hf, prompt, 10)
 
 
-def test_fused_decode_declines_batches_it_does_not_take(tmp_path):
-    path, _ = _checkpoint(tmp_path, "llama")
+def test_fused_decode_declines_batches_it_does_not_take(tiny_checkpoint):
+    path, _ = _checkpoint(tiny_checkpoint, "llama")
     llm = LLM(path, skip_tokenizer_init=True, max_model_len=128, max_num_seqs=16)
     decoder = llm.engine.executor.worker.model_runner.model.model
     fused = decoder.decode_kernel
@@ -95,8 +86,8 @@ def test_fused_decode_declines_batches_it_does_not_take(tmp_path):
     assert fused(torch.tensor([1]), torch.tensor([0]), torch.zeros(1, 64)) is None  # no forward context
 
 
-def test_fused_decode_is_off_for_bfloat16_and_without_kernels(tmp_path, monkeypatch):
-    path, _ = _checkpoint(tmp_path, "llama")
+def test_fused_decode_is_off_for_bfloat16_and_without_kernels(tiny_checkpoint, monkeypatch):
+    path, _ = _checkpoint(tiny_checkpoint, "llama")
     bf16 = LLM(path, skip_tokenizer_init=True, max_model_len=64, dtype="bfloat16")
     assert bf16.engine.executor.worker.model_runner.model.model.decode_kernel is None
     import host.plugins.builtin_cpu.kernels as kernels

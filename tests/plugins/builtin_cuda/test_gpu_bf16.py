@@ -33,22 +33,18 @@ TIE_TOL = 0.25
 
 
 @pytest.mark.parametrize("level", [0, 2, 3])
-def test_bf16_qwen3_matches_transformers(tmp_path, level):
-    import transformers
-
+def test_bf16_qwen3_matches_transformers(tiny_checkpoint, level):
+    from helpers import hf_model
     from host import LLM, SamplingParams
 
-    config = transformers.Qwen3Config(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=8,
-                                      num_key_value_heads=4, head_dim=32, vocab_size=1000, max_position_embeddings=2048,
-                                      tie_word_embeddings=True, initializer_range=0.05)
-    torch.manual_seed(0)
-    hf = transformers.Qwen3ForCausalLM(config).to(torch.bfloat16)
-    hf.save_pretrained(tmp_path)
-    hf = hf.to(DEVICE).eval()
+    path = tiny_checkpoint("qwen3", dtype="bfloat16", hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                           num_attention_heads=8, num_key_value_heads=4, head_dim=32, vocab_size=1000,
+                           max_position_embeddings=2048, tie_word_embeddings=True, initializer_range=0.05)
+    hf = hf_model(path).to(DEVICE)
     rng = random.Random(0)
     prompts = [[rng.randrange(3, 1000) for _ in range(n)] for n in (5, 37, 130, 700, 12, 64, 300, 1)]
     n_out = 32
-    llm = LLM(str(tmp_path), skip_tokenizer_init=True, dtype="bfloat16", max_model_len=1024, optimization_level=level,
+    llm = LLM(str(path), skip_tokenizer_init=True, dtype="bfloat16", max_model_len=1024, optimization_level=level,
               max_num_seqs=8, gpu_memory_utilization=0.3)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                         SamplingParams(max_tokens=n_out, temperature=0, ignore_eos=True, logprobs=1))

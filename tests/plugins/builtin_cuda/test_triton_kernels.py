@@ -124,28 +124,21 @@ def test_norms_rotary_and_activation(dtype):
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2-window"])
-def test_engine_with_triton_backend_matches_transformers(tmp_path, arch):
+def test_engine_with_triton_backend_matches_transformers(tiny_checkpoint, arch):
     """The whole engine with ``--attention-backend triton_paged`` (interpreted on CPU):
     greedy tokens equal transformers', with chunked prefill and prefix-cache hits in the mix."""
     import random
 
-    import transformers
-    from helpers import hf_greedy
-
+    from helpers import hf_greedy, hf_model
     from host import LLM, SamplingParams
 
-    tiny = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, vocab_size=300, max_position_embeddings=256)
     if arch == "llama":
-        config = transformers.LlamaConfig(**tiny, tie_word_embeddings=True)
-        cls = transformers.LlamaForCausalLM
+        path = tiny_checkpoint("llama", max_position_embeddings=256, tie_word_embeddings=True)
     else:
-        config = transformers.Qwen2Config(**tiny, use_sliding_window=True, sliding_window=6, max_window_layers=1)
-        cls = transformers.Qwen2ForCausalLM
-    torch.manual_seed(0)
-    hf = cls(config).eval()
-    hf.save_pretrained(tmp_path)
-    llm = LLM(str(tmp_path), skip_tokenizer_init=True, max_model_len=128, attention_backend="triton_paged",
+        path = tiny_checkpoint("qwen2", max_position_embeddings=256, use_sliding_window=True, sliding_window=6,
+                               max_window_layers=1)
+    hf = hf_model(path)
+    llm = LLM(str(path), skip_tokenizer_init=True, max_model_len=128, attention_backend="triton_paged",
               max_num_batched_tokens=16, max_num_seqs=4, block_size=8)
     runner = llm.engine.executor.worker.model_runner
     assert runner.attn_backend.name == "triton_paged"

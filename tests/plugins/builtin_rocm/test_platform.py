@@ -19,14 +19,14 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"  # before the Triton kernels are first imported
 
 import transformers
-from helpers import run_host
 from typer.testing import CliRunner
 
-from host.core.worker.attention_selector import select_attention_backend
+from helpers import run_host
 from host.core.engine_args import EngineArgs
 from host.core.plugins.manager import PluginHost
 from host.core.plugins.platform import current_platform, reset_current_platform, resolve_platform
 from host.core.plugins.settings import PluginSettings
+from host.core.worker.attention_selector import select_attention_backend
 from host.plugins.builtin_cuda.attention import TritonPagedAttentionImpl
 from host.plugins.builtin_cuda.platform import CudaPlatform
 from host.plugins.builtin_rocm.attention import RocmTritonAttentionBackend
@@ -61,12 +61,9 @@ def simulated_rocm(arch: str = "gfx942:sramecc+:xnack-", devices: int = 1, hip: 
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory) -> str:
+def tiny_dir(tiny_checkpoint) -> str:
     """A model directory with only a config.json: enough for engine configuration."""
-    path = tmp_path_factory.mktemp("tiny-rocm")
-    transformers.LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4,
-                             num_key_value_heads=2, vocab_size=300, max_position_embeddings=256).save_pretrained(path)
-    return str(path)
+    return str(tiny_checkpoint("llama", weights=False, num_hidden_layers=1, max_position_embeddings=256))
 
 
 def engine_config(model: str, **kwargs):
