@@ -13,12 +13,12 @@ import pytest
 
 from host.core.config import CacheConfig, SchedulerConfig
 from host.core.kv_cache.manager import KVCacheManager
-from host.core.scheduler.output import SchedulerOutput
-from host.core.worker.output import ModelRunnerOutput
-from host.core.scheduler.request import Request, RequestStatus
 from host.core.sampling_params import SamplingParams
+from host.core.scheduler.output import SchedulerOutput
 from host.core.scheduler.policy import FCFSRequestQueue, PriorityRequestQueue, create_request_queue
+from host.core.scheduler.request import Request, RequestStatus
 from host.core.scheduler.scheduler import Scheduler
+from host.core.worker.output import ModelRunnerOutput
 
 EOS = 2
 
@@ -374,7 +374,7 @@ def test_shared_64_token_prefix_is_computed_once():
     new = {n.req_id: n for n in so.scheduled_new_reqs}
     assert new["b"].num_computed_tokens == 64
     assert new["b"].block_ids[:4] == new["a"].block_ids[:4]
-    res = run(sched, runner)
+    run(sched, runner)
     sched.add_request(req("c", prefix + [9], max_tokens=2))
     so = step(sched, runner)
     assert so.num_scheduled_tokens == {"c": 1}
