@@ -7,7 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-_DTYPES = ("auto", "float32", "bfloat16", "float16")
+# the accepted values of the flags with a fixed set of choices (``EngineArgs`` offers them as choices)
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+SCHEDULING_POLICIES = ("fcfs", "priority")
 
 
 @dataclass
@@ -31,8 +34,8 @@ class ModelConfig:
     resolved_path: str | None = None
 
     def __post_init__(self) -> None:
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"dtype={self.dtype!r} is not supported; use one of {', '.join(_DTYPES)}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype={self.dtype!r} is not supported; use one of {', '.join(DTYPES)}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len={self.max_model_len} must be >= 1 (or unset to use the model's)")
 
@@ -45,10 +48,8 @@ class LoadConfig:
     load_format: str = "auto"
 
     def __post_init__(self) -> None:
-        if self.load_format not in ("auto", "safetensors", "gguf", "dummy"):
-            raise ValueError(
-                f"load_format={self.load_format!r} is not supported; use auto, safetensors, gguf or dummy"
-            )
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(f"load_format={self.load_format!r} is not supported; use one of {', '.join(LOAD_FORMATS)}")
 
 
 @dataclass
@@ -100,12 +101,15 @@ class SchedulerConfig:
             raise ValueError(f"max_num_seqs={self.max_num_seqs} must be >= 1")
         if self.max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens={self.max_num_batched_tokens} must be >= 1")
-        if self.policy not in ("fcfs", "priority"):
-            raise ValueError(f"policy={self.policy!r} is not supported; use 'fcfs' or 'priority'")
+        if self.policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"policy={self.policy!r} is not supported; use one of {', '.join(SCHEDULING_POLICIES)}")
 
 
 @dataclass
 class ParallelConfig:
+    """How the model is spread over devices, and which registered executor (``host.executors``)
+    drives the workers; an unknown executor name fails when the engine core starts."""
+
     tensor_parallel_size: int = 1
     distributed_executor_backend: str = "uniproc"
 

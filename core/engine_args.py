@@ -1,5 +1,11 @@
 """Engine arguments: the flat set of user flags (CLI ``--max-num-seqs`` = keyword
-``max_num_seqs``) and their resolution into an :class:`EngineConfig`."""
+``max_num_seqs``) and their resolution into an :class:`EngineConfig`.
+
+Each field is declared once, with :func:`flag`: its default, its help text and how the command
+line offers it. ``host serve``, ``host generate`` and ``host chat`` build their engine options
+from these fields (``host.core.entrypoints.cli.engine_flags``), and the flag table of
+``docs/engine.md`` is generated from them (a test keeps the two equal).
+"""
 
 from __future__ import annotations
 
@@ -8,42 +14,93 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from host.core.config import CacheConfig, CompilationConfig, EngineConfig, LoadConfig, ModelConfig, ParallelConfig, SchedulerConfig
+from host.core.config import (
+    DTYPES,
+    LOAD_FORMATS,
+    SCHEDULING_POLICIES,
+    CacheConfig,
+    CompilationConfig,
+    EngineConfig,
+    LoadConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+)
 
 logger = logging.getLogger("host.engine")
+
+
+def flag(
+    default: Any = None,
+    *,
+    help: str,
+    short: str | None = None,
+    cli: bool = True,
+    choices: tuple[Any, ...] | None = None,
+    parse: str | None = None,
+    default_text: str | None = None,
+) -> Any:
+    """A dataclass field that is also a command-line flag ``--field-name``.
+
+    :param help: one line saying what the flag does (shown by ``--help`` and in the docs table).
+    :param short: a short spelling, e.g. ``"-O"``.
+    :param cli: ``False`` for a keyword only ``LLM(...)`` takes (no command-line flag).
+    :param choices: the accepted values, when there is a fixed set.
+    :param parse: how the command line's text becomes the value: ``"bytes"`` (``2GiB``) or
+        ``"graph_sizes"`` (``1,2,4,8``, ``none``).
+    :param default_text: what the default means, when ``default`` alone does not say it
+        (e.g. ``None`` meaning "the model's").
+    """
+    meta = {"help": help, "short": short, "cli": cli, "choices": choices, "parse": parse, "default_text": default_text}
+    return dataclasses.field(default=default, metadata=meta)
 
 
 @dataclass
 class EngineArgs:
     """Every engine flag, with the defaults ``host generate`` / ``LLM(...)`` use."""
 
-    model: str | None = None
-    tokenizer: str | None = None
-    skip_tokenizer_init: bool = False
-    dtype: str = "auto"
-    max_model_len: int | None = None
-    seed: int = 0
-    served_model_name: str | None = None
-    load_format: str = "auto"
-    block_size: int = 16
-    enable_prefix_caching: bool = True
-    kv_cache_memory: int | None = None
-    gpu_memory_utilization: float = 0.9
-    num_gpu_blocks_override: int | None = None
-    max_num_seqs: int = 128
-    max_num_batched_tokens: int | None = None
-    enable_chunked_prefill: bool = True
-    long_prefill_token_threshold: int = 0
-    scheduling_policy: str = "fcfs"
-    attention_backend: str | None = None
-    distributed_executor_backend: str = "uniproc"
-    optimization_level: int = 2
-    enforce_eager: bool = False
-    custom_ops: bool | None = None
-    torch_compile: bool | None = None
-    cuda_graphs: bool | None = None
-    cuda_graph_sizes: list[int] | None = None
-    async_scheduling: bool | None = None  # None: on where the device runs asynchronously (not the CPU)
+    model: str | None = flag(help="HF model directory or .gguf file", short="-m", default_text="SmolLM2-135M-Instruct")
+    tokenizer: str | None = flag(help="tokenizer directory", default_text="the model's")
+    skip_tokenizer_init: bool = flag(False, help="token ids in and out, no tokenizer", cli=False)
+    dtype: str = flag(
+        "auto", help="weight and activation dtype (auto: float32 on CPU, bfloat16 on GPUs for 16-bit checkpoints)", choices=DTYPES
+    )
+    max_model_len: int | None = flag(help="longest prompt + output, in tokens", default_text="model's, at most 8192")
+    seed: int = flag(0, help="seed of the worker's torch RNG and of dummy weights")
+    served_model_name: str | None = flag(help="the name clients use (host serve --served-model-name, repeatable)", cli=False)
+    load_format: str = flag("auto", help="how weights are read (dummy: random weights)", choices=LOAD_FORMATS)
+    block_size: int = flag(16, help="tokens per KV block")
+    enable_prefix_caching: bool = flag(True, help="reuse cached prompt blocks")
+    kv_cache_memory: int | None = flag(help="KV cache budget in bytes (1GiB, 512MiB on the command line)", parse="bytes")
+    gpu_memory_utilization: float = flag(0.9, help="fraction of device memory the engine may use")
+    num_gpu_blocks_override: int | None = flag(help="fix the number of KV blocks (tests)")
+    max_num_seqs: int = flag(128, help="requests per step")
+    max_num_batched_tokens: int | None = flag(
+        help="token budget per step", default_text="2048 (chunked prefill off: max_model_len if larger)"
+    )
+    enable_chunked_prefill: bool = flag(True, help="split long prompts across steps")
+    long_prefill_token_threshold: int = flag(0, help="most prompt tokens of one request per step (0: no cap)")
+    scheduling_policy: str = flag("fcfs", help="order of waiting requests", choices=SCHEDULING_POLICIES)
+    attention_backend: str | None = flag(
+        help="force a registered attention backend by name (host plugins list --all shows them)",
+        default_text="platform's choice",
+    )
+    distributed_executor_backend: str = flag("uniproc", help="the registered executor (host.executors) that drives the workers")
+    optimization_level: int = flag(2, help="0 (eager) to 3; see docs/cuda.md", short="-O")
+    enforce_eager: bool = flag(False, help="no device graphs and no torch.compile, whatever the -O level")
+    custom_ops: bool | None = flag(help="the platform's fused kernels", default_text="on from -O1")
+    torch_compile: bool | None = flag(help="torch.compile the model", default_text="on at -O3")
+    cuda_graphs: bool | None = flag(
+        help="capture decode graphs (the command line: --cuda-graph-sizes none)", cli=False,
+        default_text="on from -O2 where the platform can capture",
+    )
+    cuda_graph_sizes: list[int] | None = flag(
+        help="decode batch sizes to capture as graphs, e.g. 1,2,4,8; none turns graphs off", parse="graph_sizes",
+        default_text="1, 2, 4, 8, then every 16 up to max_num_seqs",
+    )
+    async_scheduling: bool | None = flag(
+        help="plan each step while the previous one runs", default_text="on for GPUs, off on the CPU"
+    )
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> "EngineArgs":

@@ -44,9 +44,14 @@ def select_attention_backend(config: EngineConfig, platform: Any, hf_config: Any
                 f"--attention-backend {config.attention_backend!r} is not registered; "
                 f"registered backends: {', '.join(sorted(registry)) or 'none'}"
             )
-        reason = cls.supports_combination(req)
-        if reason:
-            raise ValueError(f"--attention-backend {config.attention_backend!r} cannot run this model: {reason}")
+        reasons = {name: other.supports_combination(req) for name, other in registry.items()}
+        if reasons[config.attention_backend]:
+            fits = sorted(n for n, r in reasons.items() if r is None)
+            raise ValueError(
+                f"--attention-backend {config.attention_backend!r} cannot run this model: "
+                f"{reasons[config.attention_backend]}; backends that fit: {', '.join(fits) or 'none'} "
+                f"(registered: {', '.join(sorted(registry))})"
+            )
         return cls
     reasons = {name: cls.supports_combination(req) for name, cls in registry.items()}
     candidates = [registry[n] for n, r in reasons.items() if r is None]

@@ -6,7 +6,7 @@ import pytest
 import typer
 
 from host.core.config import CompilationConfig, default_graph_sizes
-from host.core.entrypoints.cli.generate_cmd import engine_flag_kwargs
+from host.core.entrypoints.cli.engine_flags import engine_flag_kwargs
 
 
 def resolved(can_capture: bool = True, max_num_seqs: int = 64, **kw) -> CompilationConfig:

@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 import typer
 
-bench_app = typer.Typer(help="Benchmarks.", no_args_is_help=True)
+bench_app = typer.Typer(help="Benchmarks.", no_args_is_help=True, rich_markup_mode=None)
 
 _WORDS = (
     "the of and to in is was for on that with as by at from his her it an are were be this which or "

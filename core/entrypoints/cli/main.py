@@ -6,6 +6,7 @@ import typer
 
 from host import __version__
 from host.core.entrypoints.cli.bench_cmd import bench_app
+from host.core.entrypoints.cli.flag_groups import GroupedHelpCommand
 from host.core.entrypoints.cli.generate_cmd import chat_cmd, generate_cmd
 from host.core.entrypoints.cli.plugins_cmd import platform_cmd, plugins_app
 from host.core.entrypoints.cli.serve_cmd import serve_cmd
@@ -15,13 +16,14 @@ app = typer.Typer(
     help="host: an LLM inference and serving engine built as a plugin host.",
     no_args_is_help=True,
     add_completion=False,
+    rich_markup_mode=None,  # plain help text, like the engine flags' grouped help (flag_groups)
 )
 app.add_typer(plugins_app, name="plugins")
 app.add_typer(bench_app, name="bench")
-app.command("platform")(platform_cmd)
-app.command("generate")(generate_cmd)
-app.command("chat")(chat_cmd)
-app.command("serve")(serve_cmd)
+app.command("platform", cls=GroupedHelpCommand)(platform_cmd)
+app.command("generate", cls=GroupedHelpCommand)(generate_cmd)
+app.command("chat", cls=GroupedHelpCommand)(chat_cmd)
+app.command("serve", cls=GroupedHelpCommand)(serve_cmd)
 
 
 @app.command("version")

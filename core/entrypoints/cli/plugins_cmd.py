@@ -10,21 +10,23 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from host.core.entrypoints.cli.flag_groups import GroupedHelpCommand
+from host.core.entrypoints.cli.plugin_flags import with_plugin_flags
 from host.core.plugins.groups import GROUPS, PROCESSES, groups_for
 from host.core.plugins.manager import FAILED, REGISTRY_HOOK, PluginError, PluginHost, get_plugin_host
 from host.core.plugins.settings import PluginSettings
 
-plugins_app = typer.Typer(help="Inspect installed plugins.", no_args_is_help=True)
-
-PluginsOpt = typer.Option(None, "--plugins", help="Allowlist of third-party plugins (comma separated; '' loads none). Default: HOST_PLUGINS.")
-BlockOpt = typer.Option(None, "--block-plugins", help="Plugins never to load, built-ins included. Default: HOST_BLOCK_PLUGINS.")
-StrictOpt = typer.Option(None, "--strict-plugins/--no-strict-plugins", help="Make any plugin failure fatal. Default: HOST_STRICT_PLUGINS.")
+plugins_app = typer.Typer(help="Inspect installed plugins.", no_args_is_help=True, rich_markup_mode=None)
 
 
-def inspect_host(plugins: str | None, block_plugins: str | None, strict: bool | None, platform: str | None = None) -> PluginHost:
+
+def inspect_host(
+    plugins: str | None = None, block_plugins: str | None = None, strict_plugins: bool | None = None, platform: str | None = None
+) -> PluginHost:
     """Load every group in this (CLI) process without raising, to report on all of them."""
-    settings = PluginSettings.from_env(plugins=plugins, block_plugins=block_plugins, strict=strict, platform=platform)
-    host = get_plugin_host(settings) if plugins is None and block_plugins is None and strict is None and platform is None else PluginHost(settings)
+    settings = PluginSettings.from_env(plugins=plugins, block_plugins=block_plugins, strict=strict_plugins, platform=platform)
+    given = (plugins, block_plugins, strict_plugins, platform) != (None, None, None, None)
+    host = PluginHost(settings) if given else get_plugin_host(settings)
     host.load_groups(GROUPS, raise_on_fatal=False)
     for kind in REGISTRY_HOOK:
         try:
@@ -48,18 +50,18 @@ def _rows(host: PluginHost, group: str | None, process: str | None) -> list[dict
     return rows
 
 
-@plugins_app.command("list")
+@plugins_app.command("list", cls=GroupedHelpCommand)
+@with_plugin_flags
 def list_plugins(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     group: Optional[str] = typer.Option(None, "--group", help="Only this entry-point group (e.g. host.platforms)."),
     process: Optional[str] = typer.Option(None, "--process", help="Only groups this process loads: api, engine or worker."),
     show_all: bool = typer.Option(False, "--all", help="Also show what each plugin registered and groups with no plugin."),
-    plugins: Optional[str] = PluginsOpt,
-    block_plugins: Optional[str] = BlockOpt,
-    strict: Optional[bool] = StrictOpt,
+    *,
+    plugin_flags: dict[str, Any],
 ) -> None:
     """List every discovered plugin: group, distribution, processes, status and hooks."""
-    host = inspect_host(plugins, block_plugins, strict)
+    host = inspect_host(**plugin_flags)
     rows = _rows(host, group, process)
     unknown = host.unknown_allowlisted()
     if as_json:
@@ -95,14 +97,11 @@ def list_plugins(
         console.print(f"[red]allowlisted name {name!r} matches no installed plugin[/red]")
 
 
-@plugins_app.command("check")
-def check_plugins(
-    plugins: Optional[str] = PluginsOpt,
-    block_plugins: Optional[str] = BlockOpt,
-    strict: Optional[bool] = StrictOpt,
-) -> None:
+@plugins_app.command("check", cls=GroupedHelpCommand)
+@with_plugin_flags
+def check_plugins(*, plugin_flags: dict[str, Any]) -> None:
     """Exit non-zero if an allowlisted (or built-in) plugin failed or an allowlisted name is unknown."""
-    host = inspect_host(plugins, block_plugins, strict)
+    host = inspect_host(**plugin_flags)
     problems = [f"allowlisted name {n!r} matches no installed plugin" for n in host.unknown_allowlisted()]
     for r in host.list_records():
         if r.status == FAILED and r.fatal:
@@ -118,16 +117,17 @@ def check_plugins(
     typer.echo(f"ok: {loaded} plugins load cleanly")
 
 
+@with_plugin_flags
 def platform_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
-    platform: Optional[str] = typer.Option(None, "--platform", help="Force a platform by name. Default: HOST_PLATFORM."),
-    plugins: Optional[str] = PluginsOpt,
-    block_plugins: Optional[str] = BlockOpt,
+    *,
+    plugin_flags: dict[str, Any],
 ) -> None:
     """Print the platform this machine resolves to, and why."""
     from host.core.plugins.platform import PlatformResolutionError, resolve_platform
 
-    settings = PluginSettings.from_env(plugins=plugins, block_plugins=block_plugins, platform=platform)
+    flags = dict(plugin_flags)
+    settings = PluginSettings.from_env(strict=flags.pop("strict_plugins"), **flags)
     host = PluginHost(settings)
     try:
         host.load_groups(["host.general", "host.platforms"])

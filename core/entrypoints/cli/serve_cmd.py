@@ -1,7 +1,8 @@
 """``host serve [MODEL]``: the OpenAI-compatible HTTP server.
 
 The API server runs in this process; the engine core in a child process it starts and stops.
-Plugin flags become the ``HOST_*`` environment so the engine process sees the same settings.
+It takes every engine flag but ``--model`` (the model is the argument) and the plugin flags,
+which become the ``HOST_*`` environment so the engine process sees the same settings.
 Start-up prints the platform, the attention backend, the plugins each process loaded and the
 address; SIGINT / SIGTERM shut down gracefully (in-flight requests end, the engine stops).
 """
@@ -14,58 +15,30 @@ from typing import Any, Optional
 
 import typer
 
-from host.core.entrypoints.cli.generate_cmd import (
-    AsyncSchedulingOpt,
-    CudaGraphSizesOpt,
-    CustomOpsOpt,
-    DtypeOpt,
-    EnforceEagerOpt,
-    GpuMemoryUtilizationOpt,
-    KvCacheMemoryOpt,
-    LoadFormatOpt,
-    MaxModelLenOpt,
-    MaxNumBatchedTokensOpt,
-    MaxNumSeqsOpt,
-    OptLevelOpt,
-    PrefixCachingOpt,
-    TorchCompileOpt,
-    engine_flag_kwargs,
-)
+from host.core.entrypoints.cli.engine_flags import with_engine_flags
+from host.core.entrypoints.cli.plugin_flags import with_plugin_flags
 
 
+@with_plugin_flags
+@with_engine_flags(exclude=("model",))
 def serve_cmd(
     model: Optional[str] = typer.Argument(None, help="HF model directory or .gguf file (default: SmolLM2-135M-Instruct)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
-    port: int = typer.Option(8000, "--port"),
-    plugins: Optional[str] = typer.Option(None, "--plugins", help="Allowlist of third-party plugins (comma-separated; '' = none)."),
-    block_plugins: Optional[str] = typer.Option(None, "--block-plugins", help="Plugins never to load, built-ins included."),
-    strict_plugins: bool = typer.Option(False, "--strict-plugins", help="Any plugin failure is fatal."),
+    port: int = typer.Option(8000, "--port", help="Port to listen on."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="HOST_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1 routes."),
-    served_model_name: Optional[list[str]] = typer.Option(None, "--served-model-name", help="Name(s) clients use for the model."),
-    max_model_len: Optional[int] = MaxModelLenOpt,
-    max_num_seqs: Optional[int] = MaxNumSeqsOpt,
-    max_num_batched_tokens: Optional[int] = MaxNumBatchedTokensOpt,
-    kv_cache_memory: Optional[str] = KvCacheMemoryOpt,
-    gpu_memory_utilization: Optional[float] = GpuMemoryUtilizationOpt,
-    enable_prefix_caching: Optional[bool] = PrefixCachingOpt,
-    dtype: Optional[str] = DtypeOpt,
-    load_format: Optional[str] = LoadFormatOpt,
-    optimization_level: Optional[int] = OptLevelOpt,
-    enforce_eager: bool = EnforceEagerOpt,
-    custom_ops: Optional[bool] = CustomOpsOpt,
-    torch_compile: Optional[bool] = TorchCompileOpt,
-    cuda_graph_sizes: Optional[str] = CudaGraphSizesOpt,
-    async_scheduling: Optional[bool] = AsyncSchedulingOpt,
+    served_model_name: Optional[list[str]] = typer.Option(None, "--served-model-name", help="Name(s) clients use for the model (repeat for aliases)."),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn / host log level."),
+    *,
+    engine_kwargs: dict[str, Any],
+    plugin_flags: dict[str, Any],
 ) -> None:
     """Serve MODEL over an OpenAI-compatible HTTP API."""
     from host.core.logging_config import configure_logging
-    from host.core.plugins.settings import PluginSettings
+    from host.core.plugins.manager import plugin_host_for
 
     configure_logging(log_level.upper())
-    settings = PluginSettings.from_env(plugins=plugins, block_plugins=block_plugins, strict=strict_plugins or None)
-    os.environ.update(settings.to_env())  # the engine process inherits them
     try:
+        os.environ.update(plugin_host_for(**plugin_flags).settings.to_env())  # the engine process inherits them
         run_server(
             model,
             host=host,
@@ -73,13 +46,7 @@ def serve_cmd(
             api_key=api_key,
             served_model_names=list(served_model_name or []),
             log_level=log_level,
-            engine_kwargs=engine_flag_kwargs(
-                max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                kv_cache_memory=kv_cache_memory, gpu_memory_utilization=gpu_memory_utilization,
-                enable_prefix_caching=enable_prefix_caching, dtype=dtype, load_format=load_format,
-                async_scheduling=async_scheduling, optimization_level=optimization_level, enforce_eager=enforce_eager,
-                custom_ops=custom_ops, torch_compile=torch_compile, cuda_graph_sizes=cuda_graph_sizes,
-            ),
+            engine_kwargs=engine_kwargs,
         )
     except (ValueError, RuntimeError) as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -107,8 +74,8 @@ def run_server(
 
     import uvicorn
 
-    from host.core.entrypoints.api_server import ServerSettings, build_app
     from host.core.engine_args import EngineArgs
+    from host.core.entrypoints.api_server import ServerSettings, build_app
     from host.core.plugins.manager import get_plugin_host
 
     plugin_host = get_plugin_host()
