@@ -16,6 +16,7 @@ import time
 import traceback
 from typing import Any
 
+import msgspec
 import zmq
 
 from host.core.engine.protocol import (
@@ -51,7 +52,11 @@ class EngineCoreProc:
 
     # -- messages -------------------------------------------------------------------------------
     def _handle(self, raw: bytes) -> None:
-        msg = to_engine_decoder.decode(raw)
+        try:
+            msg = to_engine_decoder.decode(raw)
+        except msgspec.DecodeError as exc:
+            self._refuse(raw, exc)
+            return
         if isinstance(msg, EngineCoreRequest):
             self._add(msg)
         elif isinstance(msg, AbortRequests):
@@ -67,6 +72,15 @@ class EngineCoreProc:
         except ValueError as exc:
             # what only the engine can refuse fails only this request
             out = EngineCoreOutput(req_id=msg.request_id, new_token_ids=[], finish_reason="abort", error=str(exc))
+            self._send(EngineCoreOutputs(outputs=[out]))
+
+    def _refuse(self, raw: bytes, exc: Exception) -> None:
+        """A message that does not decode (e.g. params that fail validation here): fail that
+        request if it names one, and keep serving the others."""
+        logger.error("undecodable message from the front end: %s", exc)
+        fields = msgspec.msgpack.decode(raw)
+        if isinstance(fields, dict) and fields.get("type") == "add" and isinstance(fields.get("request_id"), str):
+            out = EngineCoreOutput(req_id=fields["request_id"], new_token_ids=[], finish_reason="abort", error=str(exc))
             self._send(EngineCoreOutputs(outputs=[out]))
 
     def _utility(self, call: UtilityCall) -> None:

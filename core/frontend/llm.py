@@ -25,27 +25,12 @@ from host.core.engine_args import EngineArgs
 from host.core.frontend.input_processor import InputProcessor
 from host.core.frontend.output_processor import CompletionOutput, Logprob, OutputProcessor, RequestOutput
 from host.core.models.tokenizer import get_tokenizer
-from host.core.plugins.manager import PluginHost, get_plugin_host, set_plugin_host
-from host.core.plugins.settings import PluginSettings
+from host.core.plugins.manager import plugin_host_for
 from host.core.sampling_params import SamplingParams
 
 logger = logging.getLogger("host.llm")
 
 __all__ = ["LLM", "CompletionOutput", "Logprob", "RequestOutput", "SamplingParams"]
-
-
-def _plugin_settings(plugins: str | None, block_plugins: str | None, strict_plugins: bool | None, platform: str | None) -> PluginHost:
-    if plugins is None and block_plugins is None and strict_plugins is None and platform is None:
-        return get_plugin_host()
-    settings = PluginSettings.from_env(plugins=plugins, block_plugins=block_plugins, strict=strict_plugins, platform=platform)
-    host = get_plugin_host()
-    if host.settings != settings:
-        from host.core.plugins.platform import reset_current_platform
-
-        host = PluginHost(settings)
-        set_plugin_host(host)
-        reset_current_platform()
-    return host
 
 
 class LLM:
@@ -63,7 +48,7 @@ class LLM:
         platform: str | None = None,
         **engine_args: Any,
     ) -> None:
-        host = _plugin_settings(plugins, block_plugins, strict_plugins, platform)
+        host = plugin_host_for(plugins, block_plugins, strict_plugins, platform)
         # the engine and worker roles run here unless the engine core has its own process
         for role in ("api",) if multiprocess else ("api", "engine", "worker"):
             host.bootstrap(role)
