@@ -1,7 +1,16 @@
-"""The stable surface for plugin authors: base classes, the ``hookimpl`` marker, testing kit.
+"""The stable surface for plugin authors: base classes, the ``hookimpl`` marker, the HTTP
+error type, testing kit.
 
 A plugin module implements hooks from :mod:`host.hooks` with ``@hookimpl`` and is listed under
 one entry-point group in its package's ``pyproject.toml``. See ``docs/plugins.md``.
+
+Plugins import the engine only through ``host.sdk``, never ``host.core`` (``tests/test_layering.py``
+checks it). What they may use of the running engine is re-exported, unchanged, by submodules
+that this package does not import itself (the core imports ``host.sdk``, and these modules import
+the core): :mod:`host.sdk.models` (``DecoderModel``, ``set_layer_kernels``),
+:mod:`host.sdk.forward_context` (``get_forward_context``), :mod:`host.sdk.sampling_params`
+(``SamplingParams``, ``StructuredOutputsParams``) and :mod:`host.sdk.runtime`
+(``current_platform``, ``get_plugin_host``, ``resolve_qualname``).
 """
 
 from host.hooks.markers import hookimpl
@@ -14,6 +23,7 @@ from host.sdk.attention import (
     MultipleOf,
 )
 from host.sdk.endpoint import EndpointPlugin
+from host.sdk.errors import APIError, error_body, error_response
 from host.sdk.executor import Executor
 from host.sdk.io_processor import IOProcessor
 from host.sdk.kv_connector import (
@@ -27,6 +37,7 @@ from host.sdk.quantization import LinearMethod, QuantizationMethod
 from host.sdk.stat_logger import StatLogger
 
 __all__ = [
+    "APIError",
     "AttentionBackend",
     "AttentionImpl",
     "AttentionMetadataBuilder",
@@ -46,5 +57,7 @@ __all__ = [
     "QuantizationMethod",
     "StatLogger",
     "UnspecifiedPlatform",
+    "error_body",
+    "error_response",
     "hookimpl",
 ]

@@ -138,7 +138,7 @@ class Platform:
         """A device kernel for the sampler's draw, or ``None`` for the torch path. Signature:
         ``(logits [B, V], temperature [B], top_k [B], top_p [B], min_p [B], u [B]) -> int64
         [B]``, greedy rows (temperature < 1e-5) taking the argmax, no host synchronisation
-        (see ``host.plugins.builtin_cuda.triton_sampling.sample``)."""
+        (see ``host.plugins.triton_ops.sampling.sample``)."""
         return None
 
     # -- device graphs ------------------------------------------------------------------------

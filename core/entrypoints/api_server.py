@@ -81,9 +81,9 @@ def select_endpoints(plugin_host: Any, model_tasks: tuple[str, ...]) -> list[Any
 def build_app(config: Any, settings: ServerSettings, plugin_host: Any, engine: Any = None, start_engine: bool = True) -> FastAPI:
     """The app. With ``start_engine`` the engine process is started in the app's lifespan (so
     its sockets live on uvicorn's event loop) and stopped when the server stops."""
-    from host.core.frontend.async_llm import AsyncLLM, EngineDeadError
     from host.core.entrypoints.metrics import ServerMetrics
-    from host.plugins.endpoints.common import APIError
+    from host.core.frontend.async_llm import AsyncLLM, EngineDeadError
+    from host.sdk import APIError
 
     endpoints = select_endpoints(plugin_host, settings.model_tasks)
 

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from host.core.models.layers import set_layer_kernels
+from host.sdk.models import set_layer_kernels
 
 logger = logging.getLogger("host.cpu")
 

@@ -1,5 +1,5 @@
-"""What the built-in routes share: the OpenAI error body, the served-model check, running a
-request to completion while watching for a client that went away, and SSE framing."""
+"""What the built-in routes share: the served-model check, running a request to completion while
+watching for a client that went away, and SSE framing. Errors are :class:`host.sdk.APIError`."""
 
 from __future__ import annotations
 
@@ -8,31 +8,8 @@ import json
 from typing import Any, AsyncIterator
 
 from fastapi import Request
-from fastapi.responses import JSONResponse
 
-
-class APIError(Exception):
-    """An error with an HTTP status and an OpenAI-style body."""
-
-    def __init__(self, status: int, message: str, type_: str = "BadRequestError", param: str | None = None, code: Any = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type_
-        self.param = param
-        self.code = code if code is not None else status
-
-
-def error_body(message: str, type_: str, param: str | None, code: Any) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
-
-
-def error_response(status: int, message: str, type_: str = "BadRequestError", param: str | None = None, code: Any = None) -> JSONResponse:
-    return JSONResponse(error_body(message, type_, param, code if code is not None else status), status_code=status)
-
-
-def state_of(raw: Request) -> Any:
-    return raw.app.state
+from host.sdk import APIError
 
 
 def engine_of(raw: Request) -> Any:

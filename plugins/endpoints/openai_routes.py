@@ -18,9 +18,9 @@ from typing import Any, AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from host.plugins.endpoints.common import SSE_DONE, APIError, check_model, engine_of, run_to_end, sse
+from host.plugins.endpoints.common import SSE_DONE, check_model, engine_of, run_to_end, sse
 from host.plugins.endpoints.protocol import ChatCompletionRequest, CompletionRequest
-from host.sdk import EndpointPlugin
+from host.sdk import APIError, EndpointPlugin
 
 logger = logging.getLogger("host.api")
 

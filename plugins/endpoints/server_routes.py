@@ -11,10 +11,10 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from host.plugins.endpoints.common import APIError, check_model, engine_of, error_response
+from host.plugins.endpoints.common import check_model, engine_of
 from host.plugins.endpoints.openai_routes import normalize_messages
 from host.plugins.endpoints.protocol import DetokenizeRequest, TokenizeRequest
-from host.sdk import EndpointPlugin
+from host.sdk import APIError, EndpointPlugin, error_response
 
 
 class ModelsEndpoint(EndpointPlugin):
@@ -138,7 +138,7 @@ class PluginsEndpoint(EndpointPlugin):
 
         @router.get("/v1/plugins", summary="Plugins loaded by this server's processes")
         async def plugins(raw: Request) -> JSONResponse:
-            from host.core.plugins.manager import get_plugin_host
+            from host.sdk.runtime import get_plugin_host
 
             api = [dict(r.to_dict(), process_pid=os.getpid()) for r in get_plugin_host().list_records()]
             processes: dict[str, Any] = {"api": {"pid": os.getpid(), "plugins": api}}
@@ -146,9 +146,9 @@ class PluginsEndpoint(EndpointPlugin):
             if engine is not None and engine.is_healthy:
                 try:
                     records = await engine.utility("plugins", timeout=10)
-                    processes["engine"] = {"pid": engine.process.pid, "plugins": records}
+                    processes["engine"] = {"pid": engine.engine_pid, "plugins": records}
                 except Exception as exc:  # noqa: BLE001 - the listing still answers
-                    processes["engine"] = {"pid": engine.process.pid, "error": str(exc)}
+                    processes["engine"] = {"pid": engine.engine_pid, "error": str(exc)}
             return JSONResponse({"processes": processes, "time": time.time()})
 
         app.include_router(router)

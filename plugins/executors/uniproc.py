@@ -14,8 +14,7 @@ class UniprocExecutor(Executor):
     name = "uniproc"
 
     def _init_executor(self) -> None:
-        from host.core.plugins.platform import current_platform
-        from host.core.utils import resolve_qualname
+        from host.sdk.runtime import current_platform, resolve_qualname
 
         platform = current_platform()
         worker_cls = resolve_qualname(platform.worker_cls)
