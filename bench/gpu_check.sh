@@ -35,7 +35,7 @@ rc=0
 if [[ "$stage" == tests || "$stage" == all ]]; then
   # pytest runs with --import-mode=importlib: `host` comes from $SITE (the installed dist with its entry points)
   timeout "${HOST_GPU_TEST_TIMEOUT:-300}" "$PY" -m pytest -q -p no:cacheprovider -x \
-    tests/plugins/builtin_cuda/test_triton_kernels.py tests/plugins/builtin_cuda/test_triton_sampling.py \
+    tests/plugins/triton_ops/test_kernels.py tests/plugins/triton_ops/test_sampling.py \
     tests/core/worker/test_graph_runner.py tests/plugins/builtin_cuda/test_gpu_bf16.py \
     2>&1 | tee "$OUT/tests.log"
   rc=$(( rc | ${PIPESTATUS[0]} ))

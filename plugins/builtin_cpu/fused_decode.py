@@ -6,8 +6,8 @@ compiled ``llama_decode`` kernel instead (the CPU counterpart of replaying a cap
 graph): the same kernels the layer-by-layer path uses, in the same order, so the results are
 the same. It takes a step only when every request has exactly one new token, the batch is at
 most ``max_rows`` tokens, the model is float32 with the plain weight copies of the small-batch
-linear kernel, and the attention metadata is the CPU paged backend's; any other step (prefill,
-mixed batches, bigger batches) runs layer by layer.
+linear kernel, and the attention metadata is the torch paged algorithm's (``cpu_paged`` or
+``torch_paged``); any other step (prefill, mixed batches, bigger batches) runs layer by layer.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from host.core.worker.forward_context import get_forward_context
+from host.plugins.torch_paged.metadata import TorchPagedAttentionMetadata
+from host.sdk.forward_context import get_forward_context
 
 logger = logging.getLogger("host.cpu")
 
@@ -39,9 +40,6 @@ class FusedDecode:
     a qualifying decode step, or ``None`` to let the model run layer by layer."""
 
     def __init__(self, decoder: nn.Module, kernels: Any, max_rows: int) -> None:
-        from host.plugins.builtin_cpu.attention import CpuPagedAttentionMetadata
-
-        self._metadata_cls = CpuPagedAttentionMetadata
         self.kernels = kernels
         self.max_rows = max_rows
         layers = list(decoder.layers)
@@ -73,7 +71,7 @@ class FusedDecode:
     @classmethod
     def supports(cls, decoder: nn.Module) -> str | None:
         """Why this decoder cannot use the fused path (``None``: it can)."""
-        from host.core.models.llama import DecoderModel
+        from host.sdk.models import DecoderModel
 
         if not isinstance(decoder, DecoderModel) or len(decoder.layers) == 0:
             return "not a Llama-family decoder"
@@ -95,7 +93,7 @@ class FusedDecode:
         md = None if ctx is None else ctx.attn_metadata
         n = input_ids.shape[0]
         if (
-            not isinstance(md, self._metadata_cls)
+            not isinstance(md, TorchPagedAttentionMetadata)
             or md.max_query_len != 1
             or not md.causal
             or md.num_actual_tokens != n

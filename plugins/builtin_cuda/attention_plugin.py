@@ -1,5 +1,6 @@
-"""Entry point ``host.attention_backends: triton_paged``: the Triton backend, and the plain-torch
-``torch_paged`` fallback (the CPU plugin's algorithm without its compiled kernel)."""
+"""Entry point ``host.attention_backends: triton_paged``: the shared Triton paged attention
+(:mod:`host.plugins.triton_ops.attention`). The plain-torch fallback the CUDA platform lists
+second, ``torch_paged``, has an entry point of its own (:mod:`host.plugins.torch_paged`)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,6 @@ from host.sdk import hookimpl
 
 @hookimpl
 def host_register_attention_backends(register: Callable[..., None]) -> None:
-    from host.plugins.builtin_cpu.attention import TorchPagedAttentionBackend
-    from host.plugins.builtin_cuda.attention import TritonPagedAttentionBackend
+    from host.plugins.triton_ops.attention import TritonPagedAttentionBackend
 
     register(TritonPagedAttentionBackend)
-    register(TorchPagedAttentionBackend)

@@ -66,7 +66,7 @@ class CudaPlatform(Platform):
         embedding and SiLU-and-mul run as Triton custom ops (``host::*``, traceable by
         torch.compile)."""
         if config.compilation.custom_ops:
-            from host.plugins.builtin_cuda.custom_ops import attach_triton_ops
+            from host.plugins.triton_ops.custom_ops import attach_triton_ops
 
             attach_triton_ops(model)
 
@@ -75,7 +75,7 @@ class CudaPlatform(Platform):
         top-k, top-p and the inverse-CDF draw in one launch per step, nothing read back)."""
         if not config.compilation.custom_ops:
             return None
-        from host.plugins.builtin_cuda.triton_sampling import sample
+        from host.plugins.triton_ops.sampling import sample
 
         return sample
 

@@ -1,9 +1,10 @@
-"""``triton_rocm``: the CUDA plugin's Triton paged attention, advertised with what it can
-honestly claim on AMD GPUs.
+"""``triton_rocm``: the shared Triton paged attention (``triton_paged``), advertised with what it
+can honestly claim on AMD GPUs.
 
-The class is a subclass of :class:`~host.plugins.builtin_cuda.attention.TritonPagedAttentionBackend`
+The class is a subclass of :class:`~host.plugins.triton_ops.attention.TritonPagedAttentionBackend`
 with nothing but capability flags of its own: the impl, the metadata builder and every kernel are
-the CUDA plugin's (``triton_kernels.py``), which Triton compiles for AMD GPUs as well. A separate
+the ones the CUDA platform runs (:mod:`host.plugins.triton_ops`), which Triton compiles for AMD
+GPUs as well. A separate
 name (rather than a ROCm branch inside ``triton_paged``) keeps the flags in the backend's "job
 advert", where the attention selector reads them and reports a mismatch at start-up.
 
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from host.plugins.builtin_cuda.attention import TritonPagedAttentionBackend
+from host.plugins.triton_ops.attention import TritonPagedAttentionBackend
 from host.sdk.attention import MultipleOf
 
 LDS_BYTES = 64 * 1024
@@ -65,5 +66,5 @@ class RocmTritonAttentionBackend(TritonPagedAttentionBackend):
     def describe(cls) -> dict[str, Any]:
         info = super().describe()
         info["max_head_size"] = dict(cls.max_head_size)
-        info["kernels"] = "host.plugins.builtin_cuda.triton_kernels (shared with triton_paged)"
+        info["kernels"] = "host.plugins.triton_ops.kernels (shared with triton_paged)"
         return info

@@ -1,6 +1,6 @@
 """Entry point ``host.attention_backends: triton_rocm``: the shared Triton kernels under ROCm's
-capability flags. The ``torch_paged`` fallback the ROCm platform lists second is registered by
-the CUDA plugin's entry point (``triton_paged``), so it is not registered twice here."""
+capability flags. The ``torch_paged`` fallback the ROCm platform lists second has an entry
+point of its own (:mod:`host.plugins.torch_paged`), so blocking ``triton_paged`` keeps it."""
 
 from __future__ import annotations
 

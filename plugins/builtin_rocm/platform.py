@@ -1,5 +1,5 @@
-"""The ROCm platform: AMD GPUs through torch's HIP build, RCCL for collectives, and the CUDA
-plugin's Triton kernels compiled for AMD.
+"""The ROCm platform: AMD GPUs through torch's HIP build, RCCL for collectives, and the shared
+Triton kernels (:mod:`host.plugins.triton_ops`) compiled for AMD.
 
 A HIP build of torch answers through the ``torch.cuda`` API (devices are ``cuda:N``,
 ``torch.cuda.is_available()`` is true, ``torch.cuda.CUDAGraph`` records HIP graphs), so
@@ -7,6 +7,10 @@ A HIP build of torch answers through the ``torch.cuda`` API (devices are ``cuda:
 changes only what differs on AMD: detection, the device-id namespaces (``devices.py``), the
 attention backend (``triton_rocm``, the same kernels under ROCm flags) and the start-up checks
 that refuse what ROCm cannot run. docs/rocm.md has the rules and how they were tested.
+
+Importing ``host.plugins.builtin_cuda.platform`` here is the one place a built-in plugin imports
+another built-in plugin (an exception ``tests/test_layering.py`` names); everything else the two
+GPU platforms share lives in the library package ``host.plugins.triton_ops``.
 """
 
 from __future__ import annotations

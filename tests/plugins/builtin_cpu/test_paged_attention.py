@@ -8,11 +8,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from host.plugins.builtin_cpu.attention import (
-    CpuPagedAttentionBackend,
-    CpuPagedAttentionMetadata,
-    CpuPagedAttentionMetadataBuilder,
-)
+from host.plugins.builtin_cpu.attention import CpuPagedAttentionBackend
+from host.plugins.torch_paged.metadata import TorchPagedAttentionMetadata, TorchPagedAttentionMetadataBuilder
 from host.sdk.attention import AttentionRequirements, CommonAttentionMetadata
 
 HEADS, KV_HEADS, HEAD_SIZE = 8, 2, 64
@@ -140,7 +137,7 @@ def test_many_decodes_of_varied_length_match_dense() -> None:
     gen = torch.Generator().manual_seed(3)
     lens = torch.randint(3, 300, (40,), generator=gen).tolist()
     batch = make_batch([(c, 1) for c in lens] + [(0, 70), (0, 70), (12, 9)], 16)
-    md = CpuPagedAttentionMetadataBuilder(CpuPagedAttentionBackend, "cpu").build(batch.common)
+    md = TorchPagedAttentionMetadataBuilder(CpuPagedAttentionBackend, "cpu").build(batch.common)
     assert len(md.groups) >= 3
     assert sorted(torch.cat([g.req_indices for g in md.groups]).tolist()) == list(range(43))
     torch.testing.assert_close(run(batch).double(), dense_reference(batch, 1 / math.sqrt(HEAD_SIZE)), atol=1e-5, rtol=1e-5)
@@ -211,8 +208,8 @@ def test_profiling_run_without_metadata_returns_zeros() -> None:
 
 def test_metadata_is_built_once_for_all_layers() -> None:
     batch = make_batch(MIXED, 16)
-    md = CpuPagedAttentionMetadataBuilder(CpuPagedAttentionBackend, "cpu").build(batch.common)
-    assert isinstance(md, CpuPagedAttentionMetadata)
+    md = TorchPagedAttentionMetadataBuilder(CpuPagedAttentionBackend, "cpu").build(batch.common)
+    assert isinstance(md, TorchPagedAttentionMetadata)
     assert md.write_token_index is None and torch.equal(md.write_slots, batch.common.slot_mapping)
     assert md.context_lens.tolist() == [c for c, _ in MIXED]
     impl = CpuPagedAttentionBackend.get_impl_cls()(HEADS, HEAD_SIZE, 1 / math.sqrt(HEAD_SIZE), KV_HEADS)
@@ -273,7 +270,7 @@ def test_compiled_decode_kernel_and_torch_path_both_match_dense(window) -> None:
     lens = torch.randint(1, 200, (24,), generator=gen).tolist()
     batch = make_batch([(c, 1) for c in lens] + [(10, 5)], 16)
     ref = dense_reference(batch, 1 / math.sqrt(HEAD_SIZE), sliding_window=window)
-    md = CpuPagedAttentionMetadataBuilder(CpuPagedAttentionBackend, "cpu").build(batch.common)
+    md = TorchPagedAttentionMetadataBuilder(CpuPagedAttentionBackend, "cpu").build(batch.common)
     impl = CpuPagedAttentionBackend.get_impl_cls()(HEADS, HEAD_SIZE, 1 / math.sqrt(HEAD_SIZE), KV_HEADS, window)
     calls = []
     impl._decode_kernel = lambda *a: calls.append(1) or kernel(*a)
@@ -296,7 +293,7 @@ def test_compiled_decode_kernel_splits_long_sequences(window) -> None:
     assert kernel is not None
     batch = make_batch([(700, 1)], 16)
     ref = dense_reference(batch, 1 / math.sqrt(HEAD_SIZE), sliding_window=window)
-    md = CpuPagedAttentionMetadataBuilder(CpuPagedAttentionBackend, "cpu").build(batch.common)
+    md = TorchPagedAttentionMetadataBuilder(CpuPagedAttentionBackend, "cpu").build(batch.common)
     impl = CpuPagedAttentionBackend.get_impl_cls()(HEADS, HEAD_SIZE, 1 / math.sqrt(HEAD_SIZE), KV_HEADS, window)
     impl._decode_kernel = kernel
     out = impl.forward(batch.query, batch.key, batch.value, batch.kv_cache.clone(), md)

@@ -31,8 +31,8 @@ def test_dtype_checks(monkeypatch):
 
 
 def test_backend_capabilities(monkeypatch):
-    from host.plugins.builtin_cpu.attention import TorchPagedAttentionBackend
-    from host.plugins.builtin_cuda.attention import TritonPagedAttentionBackend
+    from host.plugins.torch_paged.attention import TorchPagedAttentionBackend
+    from host.plugins.triton_ops.attention import TritonPagedAttentionBackend
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     req = AttentionRequirements("cuda", "bfloat16", 128, 16, sliding_window=4096)
@@ -68,8 +68,8 @@ def test_graph_capture_wiring(monkeypatch):
     assert not CudaPlatform().can_capture_graphs()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert CudaPlatform().can_capture_graphs()
-    from host.plugins.builtin_cpu.attention import TorchPagedAttentionBackend
-    from host.plugins.builtin_cuda.attention import TritonPagedAttentionBackend
+    from host.plugins.torch_paged.attention import TorchPagedAttentionBackend
+    from host.plugins.triton_ops.attention import TritonPagedAttentionBackend
 
     assert TritonPagedAttentionBackend.supports_cuda_graphs and not TorchPagedAttentionBackend.supports_cuda_graphs
 

@@ -27,10 +27,10 @@ from host.core.plugins.manager import PluginHost
 from host.core.plugins.platform import current_platform, reset_current_platform, resolve_platform
 from host.core.plugins.settings import PluginSettings
 from host.core.worker.attention_selector import select_attention_backend
-from host.plugins.builtin_cuda.attention import TritonPagedAttentionImpl
 from host.plugins.builtin_cuda.platform import CudaPlatform
 from host.plugins.builtin_rocm.attention import RocmTritonAttentionBackend
 from host.plugins.builtin_rocm.platform import RocmPlatform
+from host.plugins.triton_ops.attention import TritonPagedAttentionImpl
 from host.sdk.attention import AttentionRequirements, CommonAttentionMetadata
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"  # read before any test simulates ROCm
@@ -294,7 +294,7 @@ def test_backend_flags():
 
 def run_selected_backend(backend, seq_lens, query_lens, heads, kv_heads, head_dim, block_size, dtype, window=None, seed=0):
     """One forward of the backend's impl (write the new K/V, attend) against the references."""
-    from host.plugins.builtin_cuda import triton_kernels as tk
+    from host.plugins.triton_ops import kernels as tk
 
     gen = torch.Generator().manual_seed(seed)
     reqs = len(seq_lens)

@@ -1,4 +1,4 @@
-"""The Triton sampling kernel (``plugins/builtin_cuda/triton_sampling.py``) against an exact
+"""The Triton sampling kernel (``plugins/triton_ops/sampling.py``) against an exact
 float64 restricted distribution computed here, and against ``draw()`` of the core sampler.
 
 Without a GPU the kernel runs under Triton's interpreter (``TRITON_INTERPRET=1`` on CPU
@@ -21,7 +21,7 @@ if not torch.cuda.is_available():
 
 triton = pytest.importorskip("triton")
 from host.core.worker.sampler import draw  # noqa: E402
-from host.plugins.builtin_cuda import triton_sampling as ts  # noqa: E402
+from host.plugins.triton_ops import sampling as ts  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.triton
@@ -321,7 +321,7 @@ import triton
 try:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from host.plugins.builtin_cuda import triton_sampling as ts
+    from host.plugins.triton_ops import sampling as ts
     sig = {
         "logits_ptr": "*bf16", "temp_ptr": "*fp32", "top_k_ptr": "*i32", "top_p_ptr": "*fp32", "min_p_ptr": "*fp32",
         "u_ptr": "*fp64", "out_ptr": "*i64", "stride": "i32", "u_stride": "i32", "V": "i32", "draws": "i32",

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import torch
 
-from host.plugins.builtin_cuda.triton_kernels import HAS_TRITON, _interpreting, _next_pow2, _require_triton
+from host.plugins.triton_ops.kernels import HAS_TRITON, _interpreting, _next_pow2, _require_triton
 
 if HAS_TRITON:
     import triton

@@ -1,4 +1,4 @@
-"""The CUDA platform's Triton kernels against their torch references.
+"""The GPU platforms' Triton kernels (``plugins/triton_ops/``) against their torch references.
 
 Without a GPU they run under Triton's interpreter (``TRITON_INTERPRET=1`` on CPU tensors), so
 CI checks them; with one they run on it. Shapes are small: the interpreter is slow.
@@ -16,7 +16,7 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 triton = pytest.importorskip("triton")
-from host.plugins.builtin_cuda import triton_kernels as tk  # noqa: E402
+from host.plugins.triton_ops import kernels as tk  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.triton
@@ -154,7 +154,7 @@ def test_engine_with_triton_backend_matches_transformers(tiny_checkpoint, arch):
 def test_custom_ops_pass_opcheck_and_trace():
     """Each op's schema, fake implementation and mutation declarations are right
     (``torch.library.opcheck``), so torch.compile can trace a model that uses them."""
-    from host.plugins.builtin_cuda import custom_ops  # noqa: F401 - registers the ops
+    from host.plugins.triton_ops import custom_ops  # noqa: F401 - registers the ops
 
     gen = torch.Generator().manual_seed(4)
     x = torch.randn(3, 32, generator=gen).to(DEV)
@@ -174,7 +174,7 @@ def test_attached_ops_give_the_model_s_own_outputs():
     import transformers
 
     from host.core.models.llama import Qwen3ForCausalLM
-    from host.plugins.builtin_cuda.custom_ops import attach_triton_ops
+    from host.plugins.triton_ops.custom_ops import attach_triton_ops
 
     config = transformers.Qwen3Config(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                                       num_key_value_heads=2, head_dim=16, vocab_size=200, max_position_embeddings=64)

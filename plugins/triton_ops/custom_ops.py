@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from host.plugins.builtin_cuda import triton_kernels as tk
+from host.plugins.triton_ops import kernels as tk
 
 logger = logging.getLogger("host.cuda")
 
@@ -107,7 +107,7 @@ def _silu_kernel(x: torch.Tensor) -> torch.Tensor:
 def attach_triton_ops(model: nn.Module) -> int:
     """Give every RMSNorm, RotaryEmbedding and SiluAndMul of ``model`` its Triton op (all
     dtypes). Returns how many modules got one."""
-    from host.core.models.layers import set_layer_kernels
+    from host.sdk.models import set_layer_kernels
 
     count = set_layer_kernels(
         model, rms_norm=_norm_kernel, silu_and_mul=_silu_kernel, rotary=_rotary_kernel,

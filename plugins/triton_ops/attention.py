@@ -28,6 +28,7 @@ from host.sdk.attention import (
     MultipleOf,
 )
 
+
 @dataclass
 class TritonAttentionMetadata:
     num_actual_tokens: int
@@ -68,7 +69,7 @@ class TritonPagedAttentionImpl(AttentionImpl):
         attn_metadata: TritonAttentionMetadata | None,
         output: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        from host.plugins.builtin_cuda import triton_kernels as tk
+        from host.plugins.triton_ops import kernels as tk
 
         output, n = self.prepare_output(query, attn_metadata, output)
         if n is None:

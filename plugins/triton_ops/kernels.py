@@ -1,4 +1,4 @@
-"""Triton kernels of the CUDA platform, each next to its plain-torch reference.
+"""The Triton kernels of the GPU platforms (CUDA and ROCm), each next to its plain-torch reference.
 
 - :func:`reshape_and_cache`: write new tokens' K/V into the paged cache through the slot
   mapping (slot ``-1``: skip the token).
@@ -11,7 +11,7 @@
 - :func:`rms_norm` / :func:`fused_add_rms_norm`, :func:`rotary_neox`, :func:`silu_and_mul`.
 
 The kernels run on a GPU, or on CPU tensors under ``TRITON_INTERPRET=1`` — which is how CI
-checks them against the references (``tests/plugins/builtin_cuda/test_triton_kernels.py``). The
+checks them against the references (``tests/plugins/triton_ops/test_kernels.py``). The
 ``*_ref`` functions define what each kernel must compute.
 """
 
@@ -193,11 +193,11 @@ if HAS_TRITON:
         mask_d = offs_d < HEAD_DIM
         base = (r * NUM_HEADS + h) * num_splits
         m = tl.load(part_m_ptr + base + offs_s, mask=mask_s, other=-1.0e30)
-        l = tl.load(part_l_ptr + base + offs_s, mask=mask_s, other=0.0)
+        part_l = tl.load(part_l_ptr + base + offs_s, mask=mask_s, other=0.0)
         acc = tl.load(part_acc_ptr + (base + offs_s)[:, None] * HEAD_DIM + offs_d[None, :], mask=mask_s[:, None] & mask_d[None, :], other=0.0)
         m_max = tl.max(m, 0)
         c = tl.exp(m - m_max)
-        den = tl.sum(c * l, 0)
+        den = tl.sum(c * part_l, 0)
         out = tl.sum(c[:, None] * acc, 0) / tl.where(den > 0, den, 1.0)
         tl.store(out_ptr + r * o_stride_t + h * o_stride_h + offs_d, out.to(out_ptr.dtype.element_ty), mask=mask_d)
 

@@ -1,0 +1,164 @@
+"""``torch_paged``: paged attention in plain torch ops over a block-paged KV cache, on any device.
+
+It is the CPU platform's algorithm (``cpu_paged`` is this backend plus a compiled decode kernel)
+and the fallback the GPU platforms list after their Triton kernels, for shapes those refuse.
+
+Why it looks the way it does: on a CPU, decode attention is bound by memory traffic, not
+arithmetic, and every torch op costs a few microseconds of dispatch. So the work per layer is a
+handful of large ops per *group* of requests, never per token:
+
+1. the new K/V rows are scattered into the cache with one ``index_copy_`` each;
+2. for each group, the group's K and V pages are gathered with one ``index_select`` of whole
+   blocks into a reusable workspace (``[2, reqs, padded_len, kv_heads, head_size]``);
+3. one ``scaled_dot_product_attention`` call (torch's fused CPU flash kernel; its softmax and
+   accumulators are float32 also for bfloat16 inputs) runs over the padded group with a
+   precomputed additive mask, or with ``is_causal`` when the group is fresh prompts of one length.
+   For decode-like groups the query heads that share a KV head are folded into extra query rows
+   of that head, so each KV page is streamed once per KV head rather than once per query head.
+
+Everything that depends only on the batch layout (the groups, gather indices, query->token maps,
+masks) is computed once per step by
+:class:`~host.plugins.torch_paged.metadata.TorchPagedAttentionMetadataBuilder` and shared by all
+layers (how requests are grouped is said there).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+
+from host.plugins.torch_paged.metadata import (
+    PagedAttentionGroup,
+    TorchPagedAttentionMetadata,
+    TorchPagedAttentionMetadataBuilder,
+)
+from host.sdk.attention import AttentionBackend, AttentionImpl, AttentionMetadataBuilder, MultipleOf
+
+_FOLD_MAX_QUERY_LEN = 16  # up to this many query rows per request, fold GQA heads into rows
+
+
+class TorchPagedAttentionImpl(AttentionImpl):
+    """Writes K/V through the slot mapping, then runs one fused attention call per group."""
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: TorchPagedAttentionMetadata | None,
+        output: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        output, n = self.prepare_output(query, attn_metadata, output)
+        if n is None:
+            return output
+        md = attn_metadata
+        self._write_kv(key[:n], value[:n], kv_cache, md)
+        for group in md.groups:
+            self._attend(group, query, kv_cache, md, output)
+        return output
+
+    @staticmethod
+    def _write_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, md: TorchPagedAttentionMetadata) -> None:
+        if md.write_slots.numel() == 0:
+            return
+        k_flat = kv_cache[0].view(-1, kv_cache.shape[-2], kv_cache.shape[-1])
+        v_flat = kv_cache[1].view(-1, kv_cache.shape[-2], kv_cache.shape[-1])
+        if md.write_token_index is not None:
+            key = key.index_select(0, md.write_token_index)
+            value = value.index_select(0, md.write_token_index)
+        k_flat.index_copy_(0, md.write_slots, key.to(kv_cache.dtype))
+        v_flat.index_copy_(0, md.write_slots, value.to(kv_cache.dtype))
+
+    def _attend(
+        self,
+        g: PagedAttentionGroup,
+        query: torch.Tensor,
+        kv_cache: torch.Tensor,
+        md: TorchPagedAttentionMetadata,
+        output: torch.Tensor,
+    ) -> None:
+        n, mq, heads, hd = g.num_reqs, g.max_query_len, self.num_heads, self.head_size
+        kv_heads, bs = kv_cache.shape[-2], kv_cache.shape[2]
+        rep = heads // kv_heads
+
+        # 1. gather the group's pages into the workspace: [2, n * blocks, bs, kv_heads, hd]
+        kv = md.workspace.get("kv", (2, g.kv_block_ids.numel(), bs, kv_heads, hd), kv_cache.dtype)
+        if kv_cache.is_contiguous():  # K and V pages in one op
+            pages = kv_cache.view(-1, bs, kv_heads, hd)
+            ids = g.kv_page_ids(kv_cache.shape[1])
+            torch.index_select(pages, 0, ids, out=kv.view(-1, bs, kv_heads, hd))
+        else:
+            torch.index_select(kv_cache[0], 0, g.kv_block_ids, out=kv[0])
+            torch.index_select(kv_cache[1], 0, g.kv_block_ids, out=kv[1])
+        kv = kv.view(2, n, g.num_kv_blocks * bs, kv_heads, hd)[:, :, : g.kv_len]
+        k = kv[0].transpose(1, 2)  # [n, kv_heads, kv_len, hd]: a strided view, no copy
+        v = kv[1].transpose(1, 2)
+
+        # 2. this group's query rows: [n, mq, heads, hd]
+        if g.query_token_range is not None:
+            q = query[g.query_token_range[0] : g.query_token_range[1]]
+        else:
+            q = query.index_select(0, g.query_token_index)
+        q = q.to(kv_cache.dtype).view(n, mq, heads, hd)
+
+        # 3. one fused call (float32 softmax and accumulation inside the kernel)
+        if g.use_is_causal and self.sliding_window is None:
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k, v, is_causal=True, scale=self.scale, enable_gqa=rep > 1
+            )
+            out = out.transpose(1, 2)  # [n, mq, heads, hd]
+        elif mq <= _FOLD_MAX_QUERY_LEN:
+            # Decode-like: the `rep` query heads sharing a KV head become extra query rows of
+            # that head, so each KV page is streamed once per KV head with rep * mq rows.
+            q = q.view(n, mq, kv_heads, rep, hd).permute(0, 2, 1, 3, 4).reshape(n, kv_heads, mq * rep, hd)
+            mask = g.mask(self.sliding_window, q.dtype, rep)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
+            out = out.view(n, kv_heads, mq, rep, hd).permute(0, 2, 1, 3, 4)  # [n, mq, kv, rep, hd]
+        else:
+            mask = g.mask(self.sliding_window, q.dtype, 1)
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k, v, attn_mask=mask, scale=self.scale, enable_gqa=rep > 1
+            )
+            out = out.transpose(1, 2)
+        out = out.reshape(n * mq, heads, hd)
+
+        # 4. scatter the real rows back to their batch tokens
+        if g.output_rows is not None:
+            out = out.index_select(0, g.output_rows)
+        if g.query_token_range is not None:
+            output[g.query_token_range[0] : g.query_token_range[1]].copy_(out)
+        else:
+            output.index_copy_(0, g.output_token_index, out.to(output.dtype))
+
+
+class TorchPagedAttentionBackend(AttentionBackend):
+    """``torch_paged``: the paged backend in plain torch (gathered pages + SDPA), for any
+    device — the fallback a GPU platform lists after its kernels, for shapes they refuse.
+
+    Any positive block size works (``MultipleOf(1)``). Supports sliding windows, prefix caching
+    (context already in the cache) and mixed prefill/decode batches. The per-layer cache is
+    ``(2, num_blocks, block_size, num_kv_heads, head_size)``.
+    """
+
+    name: ClassVar[str] = "torch_paged"
+    device_types: ClassVar[tuple[str, ...]] = ("cuda", "cpu")
+    supported_dtypes: ClassVar[tuple[str, ...]] = ("float32", "bfloat16", "float16")
+    supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = ("auto",)
+    supported_head_sizes: ClassVar[tuple[int, ...] | None] = None
+    block_size_constraint: ClassVar[MultipleOf] = MultipleOf(1)
+    supports_sliding_window: ClassVar[bool] = True
+    supports_prefix_caching: ClassVar[bool] = True
+    supports_mixed_batches: ClassVar[bool] = True
+
+    # KV layout: the base class's (2, num_blocks, block_size, num_kv_heads, head_size)
+
+    @classmethod
+    def get_impl_cls(cls) -> type[AttentionImpl]:
+        return TorchPagedAttentionImpl
+
+    @classmethod
+    def get_builder_cls(cls) -> type[AttentionMetadataBuilder]:
+        return TorchPagedAttentionMetadataBuilder

@@ -1,0 +1,9 @@
+"""The Triton code both GPU platforms run: the kernels (``kernels.py``), the ``triton_paged``
+attention backend class (``attention.py``), the sampling kernel (``sampling.py``) and the
+kernels as ``torch.library`` custom ops (``custom_ops.py``).
+
+A library package, not a plugin: no entry point names it. ``builtin_cuda`` registers
+:class:`~host.plugins.triton_ops.attention.TritonPagedAttentionBackend` as ``triton_paged``;
+``builtin_rocm`` registers a subclass of it, ``triton_rocm`` (Triton compiles the same kernels
+for AMD GPUs). It is the one package built-in plugins share (``tests/test_layering.py``).
+"""
