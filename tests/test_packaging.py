@@ -8,6 +8,7 @@ import zipfile
 from pathlib import Path
 
 from helpers import REPO
+from host.plugins.builtin_cpu.kernels import SOURCES
 
 SKIP_DIRS = {"tests", ".venv", "build", "dist", "bench", "docs", ".git", ".ci", ".cache"}
 
@@ -36,17 +37,31 @@ def test_wheel_contains_every_package_and_entry_points(tmp_path):
     packages = {str(Path(n).parent).replace("/", ".") for n in names if n.endswith("__init__.py")}
     assert packages == source_packages()
     assert not any(n.startswith(("host/tests", "tests/", "core/", "plugins/")) for n in names)
-    for line in ("[host.platforms]", "cpu = host.plugins.builtin_cpu.platform_plugin", "[console_scripts]"):
+    for line in ("[host.platforms]", "cpu = host.plugins.builtin_cpu.platform_plugin", "[console_scripts]",
+                 "torch_paged = host.plugins.torch_paged.attention_plugin"):
         assert line in entry_points
+    # the CPU kernels' C++ sources travel as package data
+    assert {n for n in names if n.endswith(".cpp")} == {f"host/plugins/builtin_cpu/csrc/{name}" for name in SOURCES}
     # the wheel imports on its own, from a plain directory, with no editable-install path hooks
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target), str(wheel)], check=True)
     import pluggy
 
     pluggy_site = str(Path(pluggy.__file__).parent.parent)
+    script = (
+        "import host.hooks, host.sdk, host.core.plugins.manager as m\n"
+        "from host.plugins.builtin_cpu import kernels\n"
+        "print(m.__file__)\n"
+        "print(kernels.__file__)\n"
+        "print(sum(len(text) for text in kernels.kernel_sources()))\n"
+    )
     check = subprocess.run(
-        [sys.executable, "-S", "-c", "import host.hooks, host.sdk, host.core.plugins.manager as m; print(m.__file__)"],
+        [sys.executable, "-S", "-c", script],
         capture_output=True, text=True, env={"PYTHONPATH": f"{target}:{pluggy_site}"}, cwd=tmp_path,
     )
     assert check.returncode == 0, check.stderr
-    assert check.stdout.strip().startswith(str(target))
+    manager_file, kernels_file, source_chars = check.stdout.split()
+    assert manager_file.startswith(str(target)) and kernels_file.startswith(str(target))
+    # the compiled extension is built from the sources read out of the installed package
+    csrc = REPO / "plugins" / "builtin_cpu" / "csrc"
+    assert int(source_chars) == sum(len((csrc / name).read_text(encoding="utf-8")) for name in SOURCES)
