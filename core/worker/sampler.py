@@ -93,7 +93,7 @@ class Sampler:
     """Picks one token per row of ``logits``; see the module docstring for the chain.
 
     ``draw_kernel`` is an optional device kernel with the signature of
-    ``host.plugins.builtin_cuda.triton_sampling.sample`` (logits, temperature, top_k, top_p,
+    ``host.plugins.triton_ops.sampling.sample`` (logits, temperature, top_k, top_p,
     min_p, uniforms -> token ids) that a platform supplies: with it, rows that are not greedy
     are drawn on the device with no host synchronisation (the greedy rows take the argmax in
     the same launch). Without it the torch path below runs on any device.
