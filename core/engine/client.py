@@ -251,6 +251,10 @@ class AsyncMPClient:
     def is_alive(self) -> bool:
         return self.dead_reason is None and self._proc.process.is_alive()
 
+    @property
+    def engine_pid(self) -> int:
+        return self._proc.process.pid
+
     def _fail(self, reason: str) -> None:
         if self.dead_reason is None:
             self.dead_reason = reason

@@ -75,6 +75,11 @@ class AsyncLLM:
         return self.engine_core.is_alive
 
     @property
+    def engine_pid(self) -> int:
+        """The engine-core process's pid."""
+        return self.engine_core.engine_pid
+
+    @property
     def dead_reason(self) -> str | None:
         return self.engine_core.dead_reason
 
