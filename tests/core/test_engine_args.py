@@ -14,7 +14,7 @@ import typer
 import typer.main
 from typer.testing import CliRunner
 
-from host import LLM
+from host import LLM, SamplingParams
 from host.core.engine_args import EngineArgs
 from host.core.entrypoints.cli.engine_flags import engine_fields, engine_flag_kwargs, flag_name, flag_table, with_engine_flags
 from host.core.entrypoints.cli.main import app
@@ -126,12 +126,24 @@ def test_engine_flag_kwargs_names_an_unknown_flag():
         engine_flag_kwargs(max_seqs=4)
 
 
+def greedy(llm: LLM) -> list[int]:
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    return llm.generate([{"prompt_token_ids": [5, 6, 7, 8]}], params)[0].outputs[0].token_ids
+
+
+def test_attention_backend_selects_a_registered_backend_by_name(plugin_host, tiny_checkpoint):
+    path = str(tiny_checkpoint("llama"))
+    expected = greedy(LLM(path, skip_tokenizer_init=True, max_model_len=64))
+    for name in ("cpu_paged", "torch_paged"):  # the two registered backends that run on the CPU
+        llm = LLM(path, skip_tokenizer_init=True, max_model_len=64, attention_backend=name)
+        assert llm.engine.executor.worker.model_runner.attn_backend.name == name
+        assert greedy(llm) == expected, name
+
+
 def test_forced_attention_backend_names_the_failed_capability(plugin_host, tiny_checkpoint):
     path = str(tiny_checkpoint("llama"))
-    llm = LLM(path, skip_tokenizer_init=True, max_model_len=64, attention_backend="cpu_paged")
-    assert llm.engine.executor.worker.model_runner.attn_backend.name == "cpu_paged"
     with pytest.raises(ValueError, match=r"'triton_paged' cannot run this model: triton_paged: device type 'cpu'.*"
-                                         r"backends that fit: cpu_paged.*registered: .*cpu_paged"):
+                                         r"backends that fit: cpu_paged, torch_paged.*registered: .*cpu_paged"):
         LLM(path, skip_tokenizer_init=True, max_model_len=64, attention_backend="triton_paged")
     with pytest.raises(ValueError, match="'flash' is not registered; registered backends: .*cpu_paged"):
         LLM(path, skip_tokenizer_init=True, max_model_len=64, attention_backend="flash")
