@@ -23,6 +23,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from host.sdk.errors import error_body
+
 logger = logging.getLogger("host.api")
 
 MODEL_TASKS = ("generate",)  # what the decoder-only models we load support
@@ -38,7 +40,7 @@ class ServerSettings:
 
 
 def _error(status: int, message: str, type_: str, param: str | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": type_, "param": param, "code": status}}, status_code=status)
+    return JSONResponse(error_body(message, type_, param, status), status_code=status)
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
@@ -118,7 +120,7 @@ def build_app(config: Any, settings: ServerSettings, plugin_host: Any, engine: A
 
     @app.exception_handler(APIError)
     async def api_error(_: Request, exc: APIError) -> JSONResponse:
-        return JSONResponse({"error": {"message": exc.message, "type": exc.type, "param": exc.param, "code": exc.code}}, status_code=exc.status)
+        return JSONResponse(error_body(exc.message, exc.type, exc.param, exc.code), status_code=exc.status)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(_: Request, exc: RequestValidationError) -> JSONResponse:
