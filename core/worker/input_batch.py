@@ -4,23 +4,18 @@ flattened inputs built from them."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
 
+from host.core.scheduler.output import NewRequestData
+
 
 @dataclass
-class CachedRequestState:
-    """What the runner remembers about one request between steps."""
+class CachedRequestState(NewRequestData):
+    """What the runner remembers about one request between steps: the scheduler's description
+    of it when it was new (its lists the runner's own copies), plus what the runner derives."""
 
-    req_id: str
-    prompt_token_ids: list[int]
-    sampling_params: Any
-    block_ids: list[int]
-    num_computed_tokens: int
-    output_token_ids: list[int] = field(default_factory=list)
-    eos_token_id: int | None = None
     _allowed: torch.Tensor | None = field(default=None, repr=False)
 
     def allowed_mask(self, vocab: int) -> torch.Tensor:
