@@ -25,7 +25,7 @@ class LinearMethod:
 
 
 class QuantizationMethod:
-    """One quantization scheme (``name`` matches ``--quantization`` and the checkpoint).
+    """One quantization scheme (``name`` matches the checkpoint's ``quantization_config``; the engine setting that picks one comes with a later issue).
 
     ``from_config`` parses the checkpoint's ``quantization_config``; ``get_linear_method``
     returns the kernel for one layer (or ``None`` to leave that layer unquantized).

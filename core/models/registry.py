@@ -10,8 +10,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from host.core.plugins.groups import GENERAL_GROUP
 from host.core.plugins.manager import get_plugin_host
+from host.hooks.groups import GENERAL_GROUP
 
 
 def supported_architectures() -> dict[str, Any]:

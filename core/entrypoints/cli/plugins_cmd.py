@@ -12,9 +12,9 @@ from rich.table import Table
 
 from host.core.entrypoints.cli.flag_groups import GroupedHelpCommand
 from host.core.entrypoints.cli.plugin_flags import with_plugin_flags
-from host.core.plugins.groups import GROUPS, PROCESSES, groups_for
 from host.core.plugins.manager import FAILED, REGISTRY_HOOK, PluginError, PluginHost, get_plugin_host
 from host.core.plugins.settings import PluginSettings
+from host.hooks.groups import GENERAL_GROUP, GROUPS, PLATFORMS_GROUP, PROCESSES, groups_for
 
 plugins_app = typer.Typer(help="Inspect installed plugins.", no_args_is_help=True, rich_markup_mode=None)
 
@@ -130,7 +130,7 @@ def platform_cmd(
     settings = PluginSettings.from_env(strict=flags.pop("strict_plugins"), **flags)
     host = PluginHost(settings)
     try:
-        host.load_groups(["host.general", "host.platforms"])
+        host.load_groups([GENERAL_GROUP, PLATFORMS_GROUP])
         res = resolve_platform(host)
     except (PlatformResolutionError, PluginError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
