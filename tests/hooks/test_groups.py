@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from host.core.plugins import groups as core_groups
 from host.hooks import groups
 from host.hooks.groups import FAMILIES, FAMILY_MODULES, GROUPS, PROCESSES, family_group, groups_for
 
@@ -51,9 +50,15 @@ def test_group_table_as_the_host_reads_it():
         groups_for("gpu")
 
 
-def test_core_plugins_groups_reads_the_hooks_table():
-    assert core_groups.GROUPS is GROUPS and core_groups.PROCESSES is PROCESSES
-    assert core_groups.groups_for is groups_for
+def test_no_group_table_outside_hooks():
+    # the facts live in host.hooks alone: nothing else builds Group records or a process list
+    offenders = []
+    for folder in ("core", "sdk", "plugins"):
+        for path in (REPO / folder).rglob("*.py"):
+            text = path.read_text()
+            if "Group(" in text or "PROCESSES: " in text or "PROCESSES = " in text:
+                offenders.append(str(path.relative_to(REPO)))
+    assert not offenders, f"group or process tables outside hooks/: {offenders}"
 
 
 def test_every_pyproject_entry_point_group_is_a_known_group():
