@@ -32,46 +32,53 @@ class EngineCore:
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        executors = get_plugin_host().registry("executors")
-        name = config.parallel.distributed_executor_backend
-        if name not in executors:
-            raise ValueError(
-                f"distributed_executor_backend={name!r} is not registered; registered executors: "
-                f"{', '.join(sorted(executors)) or 'none'}"
-            )
-        self.executor = executors[name](config)
-        specs = self.executor.collective_rpc("get_kv_cache_specs")[0]
-        cache = config.cache
-        if cache.num_gpu_blocks_override is not None:
-            num_blocks = cache.num_gpu_blocks_override
-            source = "num_gpu_blocks_override"
-        else:
-            available = self.executor.determine_available_memory()
-            num_blocks = num_blocks_from_memory(available, specs, config.scheduler.max_model_len)
-            source = f"a KV budget of {available / 2**20:.1f} MiB"
-        self.kv_cache_config = KVCacheConfig(num_blocks, cache.block_size, specs)
-        cache.num_gpu_blocks = num_blocks
-        self.executor.collective_rpc("initialize_kv_cache", (num_blocks,))
-        logger.info(
-            "KV cache: %d blocks x %d tokens (%d tokens, %.1f MiB) from %s",
-            num_blocks,
-            cache.block_size,
-            (num_blocks - 1) * cache.block_size,
-            self.kv_cache_config.kv_cache_bytes / 2**20,
-            source,
-        )
+        self.executor = self._make_executor()
+        self.kv_cache_config = self._initialize_kv_cache()
         self.kv_cache_manager = KVCacheManager(
             self.kv_cache_config,
-            enable_caching=cache.enable_prefix_caching,
+            enable_caching=config.cache.enable_prefix_caching,
             max_model_len=config.scheduler.max_model_len,
         )
-        self.scheduler = Scheduler(config.scheduler, cache, self.kv_cache_manager)
+        self.scheduler = Scheduler(config.scheduler, config.cache, self.kv_cache_manager)
         self._structured_output_manager: StructuredOutputManager | None = None
         # asynchronous scheduling: the step launched last, whose output is not processed yet
         self.async_scheduling = bool(config.scheduler.async_scheduling)
         self._in_flight: tuple[SchedulerOutput, Any] | None = None
         if self.async_scheduling:
             logger.info("Asynchronous scheduling: each step is planned while the previous one runs")
+
+    def _make_executor(self) -> Any:
+        """The executor plugin named by ``--distributed-executor-backend``, with its workers up."""
+        executors = get_plugin_host().registry("executors")
+        name = self.config.parallel.distributed_executor_backend
+        if name not in executors:
+            raise ValueError(
+                f"distributed_executor_backend={name!r} is not registered; registered executors: "
+                f"{', '.join(sorted(executors)) or 'none'}"
+            )
+        return executors[name](self.config)
+
+    def _initialize_kv_cache(self) -> KVCacheConfig:
+        """Size the KV cache (the override, or what the workers' profiling run leaves) and have
+        every worker allocate it."""
+        specs = self.executor.collective_rpc("get_kv_cache_specs")[0]
+        cache = self.config.cache
+        if cache.num_gpu_blocks_override is not None:
+            num_blocks = cache.num_gpu_blocks_override
+            source = "num_gpu_blocks_override"
+        else:
+            available = self.executor.determine_available_memory()
+            num_blocks = num_blocks_from_memory(available, specs, self.config.scheduler.max_model_len)
+            source = f"a KV budget of {available / 2**20:.1f} MiB"
+        kv_cache_config = KVCacheConfig(num_blocks, cache.block_size, specs)
+        cache.num_gpu_blocks = num_blocks
+        self.executor.collective_rpc("initialize_kv_cache", (num_blocks,))
+        logger.info(
+            "KV cache: %d blocks x %d tokens (%d tokens, %.1f MiB) from %s",
+            num_blocks, cache.block_size, (num_blocks - 1) * cache.block_size,
+            kv_cache_config.kv_cache_bytes / 2**20, source,
+        )
+        return kv_cache_config
 
     def add_request(self, request: Request | EngineCoreRequest) -> None:
         """Queue a request (a message from the front end, or a :class:`Request` built here).
