@@ -28,6 +28,7 @@ class ModelConfig:
     max_model_len: int | None = None
     seed: int = 0
     served_model_name: str | None = None
+    max_logprobs: int = 20  # most logprobs one request may ask for; -1: no limit (vLLM's)
     hf_config: Any = None
     # resolved at load time
     architecture: str | None = None
@@ -38,6 +39,8 @@ class ModelConfig:
             raise ValueError(f"dtype={self.dtype!r} is not supported; use one of {', '.join(DTYPES)}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len={self.max_model_len} must be >= 1 (or unset to use the model's)")
+        if self.max_logprobs < -1:
+            raise ValueError(f"max_logprobs={self.max_logprobs} must be >= 0, or -1 for no limit")
 
 
 @dataclass

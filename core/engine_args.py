@@ -68,6 +68,9 @@ class EngineArgs:
     max_model_len: int | None = flag(help="longest prompt + output, in tokens", default_text="model's, at most 8192")
     seed: int = flag(0, help="seed of the worker's torch RNG and of dummy weights")
     served_model_name: str | None = flag(help="the name clients use (host serve --served-model-name, repeatable)", cli=False)
+    max_logprobs: int = flag(
+        20, help="most logprobs a request may ask for (logprobs, top_logprobs, prompt_logprobs); -1: no limit"
+    )
     load_format: str = flag("auto", help="how weights are read (dummy: random weights)", choices=LOAD_FORMATS)
     block_size: int = flag(16, help="tokens per KV block")
     enable_prefix_caching: bool = flag(True, help="reuse cached prompt blocks")
@@ -148,6 +151,7 @@ class EngineArgs:
             max_model_len=ctx_len,
             seed=self.seed,
             served_model_name=self.served_model_name,
+            max_logprobs=self.max_logprobs,
             hf_config=hf_config,
             architecture=get_model_architecture(hf_config),
             resolved_path=path,
