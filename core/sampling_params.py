@@ -8,11 +8,35 @@ which the engine calls when the request arrives.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 _GREEDY_EPS = 1e-5
-MAX_LOGPROBS = 20  # the most top-k logprobs a request may ask for (OpenAI's limit); -1 = all
+MAX_LOGPROBS = 20  # the default of --max-logprobs (vLLM's); the input processor applies the limit
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1  # every integer a request carries fits in 64 bits (it crosses to the engine)
+
+
+def check_int(name: str, value: Any, lo: int = INT64_MIN, hi: int = INT64_MAX, hint: str = "") -> int:
+    """``value`` as an ``int`` in ``[lo, hi]``, or ``ValueError`` naming ``name`` and the range."""
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ValueError(f"{name}={value!r} must be an integer in [{lo}, {hi}]{hint}")
+    return value
+
+
+def check_finite(name: str, value: Any) -> float:
+    """``value`` as a finite ``float``, or ``ValueError`` naming ``name`` (NaN and infinities,
+    including JSON's ``1e400``, are refused)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name}={value!r} must be a number")
+    try:
+        out = float(value)
+    except OverflowError:  # an int beyond float's range
+        out = math.inf
+    if not math.isfinite(out):
+        raise ValueError(f"{name}={value!r} must be a finite number (not NaN or infinity)")
+    return out
 
 
 @dataclass
@@ -138,7 +162,7 @@ class SamplingParams:
         if self.logit_bias is not None:
             try:
                 self.logit_bias = {int(k): float(v) for k, v in dict(self.logit_bias).items()}
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):
                 raise ValueError(
                     "logit_bias must map token ids (integers, or strings of integers) to numbers"
                 ) from None
@@ -146,19 +170,18 @@ class SamplingParams:
 
     def _validate(self) -> None:
         def number(name: str) -> float:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-                raise ValueError(f"{name}={value!r} must be a number")
-            return float(value)
+            return check_finite(name, getattr(self, name))
 
         if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
             raise ValueError(f"n={self.n!r} must be an integer >= 1")
+        check_int("n", self.n, 1)
         if number("temperature") < 0.0:
             raise ValueError(f"temperature={self.temperature} must be >= 0 (0 means greedy)")
         if not 0.0 < number("top_p") <= 1.0:
             raise ValueError(f"top_p={self.top_p} must be in (0, 1]; 1 disables nucleus sampling")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise ValueError(f"top_k={self.top_k!r} must be an integer >= 1, or 0 / -1 to disable top-k")
+        check_int("top_k", self.top_k, 0, hint="; 0 or -1 disables top-k")
         if not 0.0 <= number("min_p") <= 1.0:
             raise ValueError(f"min_p={self.min_p} must be in [0, 1]; 0 disables it")
         for name in ("presence_penalty", "frequency_penalty"):
@@ -168,32 +191,36 @@ class SamplingParams:
             raise ValueError(f"repetition_penalty={self.repetition_penalty} must be > 0; 1 disables it")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise ValueError(f"seed={self.seed!r} must be an integer or None")
+        if self.seed is not None:  # sample i of n draws with seed + i
+            check_int("seed", self.seed, INT64_MIN, INT64_MAX - (self.n - 1), hint=f" with n={self.n} (64-bit)")
         if self.max_tokens is not None and (
             isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1
         ):
             raise ValueError(f"max_tokens={self.max_tokens!r} must be an integer >= 1 (or None for no limit)")
+        if self.max_tokens is not None:
+            check_int("max_tokens", self.max_tokens, 1, hint=" (or None for no limit)")
         if isinstance(self.min_tokens, bool) or not isinstance(self.min_tokens, int) or self.min_tokens < 0:
             raise ValueError(f"min_tokens={self.min_tokens!r} must be an integer >= 0")
+        check_int("min_tokens", self.min_tokens, 0)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens={self.min_tokens} must be <= max_tokens={self.max_tokens}")
         for tok in self.stop_token_ids:
             if isinstance(tok, bool) or not isinstance(tok, int) or tok < 0:
                 raise ValueError(f"stop_token_ids contains {tok!r}; every entry must be an integer >= 0")
+            check_int("stop_token_ids entry", tok, 0)
         for s in self.stop:
             if not isinstance(s, str) or not s:
                 raise ValueError(f"stop contains {s!r}; every entry must be a non-empty string")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or not -1 <= value <= MAX_LOGPROBS
-            ):
-                raise ValueError(
-                    f"{name}={value!r} must be an integer in [0, {MAX_LOGPROBS}] (-1: the whole vocabulary), or None"
-                )
+            if value is not None:
+                # the engine's --max-logprobs bounds it further (InputProcessor.validate)
+                check_int(name, value, -1, hint=" (-1: the whole vocabulary), or None")
         for tok, bias in (self.logit_bias or {}).items():
             if tok < 0:
                 raise ValueError(f"logit_bias has token id {tok}; token ids are >= 0")
-            if not -100.0 <= bias <= 100.0:
+            check_int("logit_bias token id", tok, 0)
+            if not -100.0 <= check_finite(f"logit_bias[{tok}]", bias) <= 100.0:
                 raise ValueError(f"logit_bias[{tok}]={bias} must be in [-100, 100]")
         if self.allowed_token_ids is not None:
             ids = list(self.allowed_token_ids)
@@ -202,6 +229,7 @@ class SamplingParams:
             for tok in ids:
                 if isinstance(tok, bool) or not isinstance(tok, int) or tok < 0:
                     raise ValueError(f"allowed_token_ids contains {tok!r}; every entry must be an integer >= 0")
+                check_int("allowed_token_ids entry", tok, 0)
             self.allowed_token_ids = ids
         for word in self.bad_words or []:
             if not isinstance(word, str) or not word:

@@ -15,7 +15,7 @@ import time
 from typing import Any, Sequence
 
 from host.core.engine.protocol import EngineCoreRequest
-from host.core.sampling_params import SamplingParams
+from host.core.sampling_params import MAX_LOGPROBS, SamplingParams, check_int
 
 
 def prepare_params(tokenizer: Any | None, params: SamplingParams) -> SamplingParams:
@@ -37,6 +37,12 @@ def prepare_params(tokenizer: Any | None, params: SamplingParams) -> SamplingPar
     return params
 
 
+def check_priority(priority: object) -> int:
+    """A request's scheduling priority (lower runs first under ``--scheduling-policy priority``)
+    as a 64-bit integer, or ``ValueError`` naming ``priority`` and the range."""
+    return check_int("priority", priority)
+
+
 class InputProcessor:
     """Validates and prepares requests for one engine configuration and tokenizer."""
 
@@ -45,6 +51,8 @@ class InputProcessor:
         self.max_model_len: int = config.model.max_model_len
         self.vocab_size: int = config.model.hf_config.vocab_size
         self.max_num_seqs: int = config.scheduler.max_num_seqs
+        # --max-logprobs; -1: no limit (the whole vocabulary may be asked for)
+        self.max_logprobs: int = getattr(config.model, "max_logprobs", MAX_LOGPROBS)
         if tokenizer is not None:
             self.eos_token_id: int | None = tokenizer.eos_token_id
         else:
@@ -125,6 +133,25 @@ class InputProcessor:
                 "shorten the prompt or raise --max-model-len"
             )
         params.verify(self.vocab_size)
+        self._check_logprobs(params)
+
+    def _check_logprobs(self, params: SamplingParams) -> None:
+        """``logprobs`` and ``prompt_logprobs`` (-1: the whole vocabulary) within
+        ``--max-logprobs`` (vLLM's rule: -1 counts as the vocabulary size). Chat's
+        ``top_logprobs`` arrives here as ``logprobs``."""
+        limit = self.vocab_size if self.max_logprobs == -1 else self.max_logprobs
+        for name in ("logprobs", "prompt_logprobs"):
+            asked = getattr(params, name)
+            if asked is None:
+                continue
+            count = self.vocab_size if asked == -1 else asked
+            if count > limit:
+                shown = "-1 (the whole vocabulary, " + str(self.vocab_size) + " tokens)" if asked == -1 else str(asked)
+                what = "logprobs (chat: top_logprobs)" if name == "logprobs" else name
+                raise ValueError(
+                    f"{what}={shown} is more than this server allows: at most {limit} "
+                    "(set by --max-logprobs; -1 there lifts the limit)"
+                )
 
     def process(
         self,
@@ -137,6 +164,7 @@ class InputProcessor:
     ) -> EngineCoreRequest:
         """The engine request for one prompt (its ``n`` samples are fanned out by the output
         processor). Prepares the params (``bad_words``) and validates everything."""
+        check_priority(priority)
         params = prepare_params(self.tokenizer, params)
         self.validate(prompt_token_ids, params, whole_request_fits=whole_request_fits)
         return EngineCoreRequest(

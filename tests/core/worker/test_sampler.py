@@ -234,7 +234,7 @@ def test_logprobs_are_of_the_raw_distribution_with_ranks():
         (dict(repetition_penalty=0.0), "repetition_penalty"),
         (dict(max_tokens=0), "max_tokens"),
         (dict(min_tokens=5, max_tokens=2), "min_tokens"),
-        (dict(logprobs=21), "logprobs"),
+        (dict(logprobs=-2), "logprobs"),  # above --max-logprobs: tests/core/test_sampling_params_limits.py
         (dict(prompt_logprobs=-2), "prompt_logprobs"),
         (dict(logit_bias={"x": 1}), "logit_bias"),
         (dict(logit_bias={3: 101}), "logit_bias"),
