@@ -16,6 +16,7 @@ _GREEDY_EPS = 1e-5
 MAX_LOGPROBS = 20  # the default of --max-logprobs (vLLM's); the input processor applies the limit
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1  # every integer a request carries fits in 64 bits (it crosses to the engine)
+FLOAT32_MAX = 3.4028234663852886e38  # the engine samples in float32: a larger value becomes inf there
 
 
 def check_int(name: str, value: Any, lo: int = INT64_MIN, hi: int = INT64_MAX, hint: str = "") -> int:
@@ -26,16 +27,20 @@ def check_int(name: str, value: Any, lo: int = INT64_MIN, hi: int = INT64_MAX, h
 
 
 def check_finite(name: str, value: Any) -> float:
-    """``value`` as a finite ``float``, or ``ValueError`` naming ``name`` (NaN and infinities,
-    including JSON's ``1e400``, are refused)."""
+    """``value`` as a finite ``float`` that float32 holds, or ``ValueError`` naming ``name``
+    (NaN and infinities, including JSON's ``1e400``, are refused, and so is ``1e300``: the
+    sampler's float32 tensors would hold it as infinity, and ``-inf / inf`` masks nothing)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{name}={value!r} must be a number")
     try:
         out = float(value)
     except OverflowError:  # an int beyond float's range
         out = math.inf
-    if not math.isfinite(out):
-        raise ValueError(f"{name}={value!r} must be a finite number (not NaN or infinity)")
+    if not math.isfinite(out) or abs(out) > FLOAT32_MAX:
+        raise ValueError(
+            f"{name}={value!r} must be a finite number (not NaN or infinity) of magnitude at most "
+            f"{FLOAT32_MAX:.4g} (the engine samples in float32)"
+        )
     return out
 
 

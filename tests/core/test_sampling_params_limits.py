@@ -18,10 +18,14 @@ FLOATS = ["temperature", "top_p", "min_p", "presence_penalty", "frequency_penalt
 
 
 @pytest.mark.parametrize("name", FLOATS)
-@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan, float("1e400"), 10**400])
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan, float("1e400"), 10**400, 1e300, -1e39])
 def test_non_finite_floats_are_refused(name, value):
     with pytest.raises(ValueError, match=f"{name}=.*finite"):
         SamplingParams(**{name: value})
+
+
+def test_the_largest_float32_values_pass():
+    SamplingParams(temperature=3e38, repetition_penalty=3e38)
 
 
 @pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan, "inf", "-inf", "nan"])
