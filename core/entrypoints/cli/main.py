@@ -6,6 +6,7 @@ import typer
 
 from host import __version__
 from host.core.entrypoints.cli.bench_cmd import bench_app
+from host.core.entrypoints.cli.doctor_cmd import doctor_cmd
 from host.core.entrypoints.cli.flag_groups import GroupedHelpCommand
 from host.core.entrypoints.cli.generate_cmd import chat_cmd, generate_cmd
 from host.core.entrypoints.cli.plugins_cmd import platform_cmd, plugins_app
@@ -21,6 +22,7 @@ app = typer.Typer(
 app.add_typer(plugins_app, name="plugins")
 app.add_typer(bench_app, name="bench")
 app.command("platform", cls=GroupedHelpCommand)(platform_cmd)
+app.command("doctor", cls=GroupedHelpCommand)(doctor_cmd)
 app.command("generate", cls=GroupedHelpCommand)(generate_cmd)
 app.command("chat", cls=GroupedHelpCommand)(chat_cmd)
 app.command("serve", cls=GroupedHelpCommand)(serve_cmd)
