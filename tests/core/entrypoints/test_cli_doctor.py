@@ -5,10 +5,14 @@ exist, a gloo interface that does not exist) reported with their fix."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 
-from helpers import free_port, run_host
+import typer
+
+from helpers import REPO, free_port, run_host
 from host.core.entrypoints.cli.doctor_cmd import SECTIONS
+from host.core.entrypoints.cli.main import app
 
 
 def doctor_json(*args, **env):
@@ -94,3 +98,18 @@ def test_a_gloo_rendezvous_that_cannot_work_fails_the_distributed_check():
     assert gloo["status"] == "fail"
     assert "nosuchif0" in gloo["detail"] and "GLOO_SOCKET_IFNAME" in gloo["fix"]
     assert [r["rank"] for r in gloo["data"]["ranks"]] == [0, 1]
+
+
+DOCKER_FLAGS = {"--shm-size", "--ipc"}  # `docker run`'s, named in the fixes
+
+
+def test_docs_operations_names_only_flags_that_exist():
+    options: set[str] = set()
+    stack = [typer.main.get_command(app)]
+    while stack:
+        command = stack.pop()
+        stack.extend(getattr(command, "commands", {}).values())
+        options |= {opt for p in command.params for opt in (*p.opts, *p.secondary_opts)}
+    text = (REPO / "docs" / "operations.md").read_text()
+    mentioned = {m.replace("[no-]", "") for m in re.findall(r"(?<![\w-])--(?:\[no-\])?[a-z][a-z-]*[a-z]", text)}
+    assert sorted(mentioned - options - DOCKER_FLAGS) == [], "docs/operations.md names flags no host command has"
