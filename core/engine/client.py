@@ -25,6 +25,7 @@ import shutil
 import tempfile
 import time
 import uuid
+import weakref
 from typing import Any
 
 import zmq
@@ -81,7 +82,8 @@ class InprocClient:
 
 
 class _EngineProcess:
-    """A spawned engine-core process and the IPC addresses of its three sockets.
+    """A spawned engine-core process and the IPC addresses of its three sockets (in a
+    ``host-ipc-*`` temporary directory that no start, failed or not, leaves behind).
 
     The client binds ``input`` and ``output`` before :meth:`wait_ready`; the engine connects to
     them and reports on ``ready`` once its model and KV cache are up (or why it failed)."""
@@ -91,14 +93,21 @@ class _EngineProcess:
         from host.core.plugins.processes import spawn_process
 
         self.ipc_dir = tempfile.mkdtemp(prefix="host-ipc-")
+        # removed by stop(), on a failed start, and at the latest when this process exits
+        self._remove_ipc_dir = weakref.finalize(self, shutil.rmtree, self.ipc_dir, ignore_errors=True)
         tag = uuid.uuid4().hex[:8]
         self.input, self.output, self._ready = (f"ipc://{self.ipc_dir}/{k}-{tag}" for k in ("in", "out", "ready"))
         self._ready_ctx = zmq.Context()
-        self._ready_socket = self._ready_ctx.socket(zmq.PULL)
-        self._ready_socket.bind(self._ready)
-        self.process = spawn_process(
-            "engine", run_engine_core, config, self.input, self.output, self._ready, name="host-engine-core"
-        )
+        try:
+            self._ready_socket = self._ready_ctx.socket(zmq.PULL)
+            self._ready_socket.bind(self._ready)
+            self.process = spawn_process(
+                "engine", run_engine_core, config, self.input, self.output, self._ready, name="host-engine-core"
+            )
+        except BaseException:
+            self._ready_ctx.destroy(linger=0)
+            self._remove_ipc_dir()
+            raise
 
     def wait_ready(self, timeout: float) -> dict[str, Any]:
         """Block until the engine reports; returns its description or raises
@@ -131,7 +140,7 @@ class _EngineProcess:
         if self.process.is_alive():
             self.process.terminate()
             self.process.join(5)
-        shutil.rmtree(self.ipc_dir, ignore_errors=True)
+        self._remove_ipc_dir()
 
 
 class SyncMPClient:
@@ -167,9 +176,12 @@ class SyncMPClient:
             raise EngineDeadError(reason)
 
     def _recv(self) -> EngineCoreOutputs:
-        while not self._from_engine.poll(200):
-            self._check_alive()
-        return from_engine_decoder.decode(self._from_engine.recv())
+        while True:
+            while not self._from_engine.poll(200):
+                self._check_alive()
+            msg = from_engine_decoder.decode(self._from_engine.recv())
+            if not msg.heartbeat:
+                return msg
 
     def add_request(self, request: EngineCoreRequest) -> None:
         self._send(request)
@@ -224,6 +236,7 @@ class AsyncMPClient:
         self.engine_info: dict[str, Any] = {}
         self.dead_reason: str | None = None
         self._closed = False
+        self._last_message = time.monotonic()
         self._tasks = [asyncio.create_task(self._read_loop()), asyncio.create_task(self._watch_process())]
 
     @classmethod
@@ -255,6 +268,12 @@ class AsyncMPClient:
     def engine_pid(self) -> int:
         return self._proc.process.pid
 
+    @property
+    def silent_for(self) -> float:
+        """Seconds since the last message from the engine (it sends one at least every second
+        between steps; a stopped or wedged engine falls silent)."""
+        return time.monotonic() - self._last_message
+
     def _fail(self, reason: str) -> None:
         if self.dead_reason is None:
             self.dead_reason = reason
@@ -279,6 +298,9 @@ class AsyncMPClient:
         try:
             while True:
                 msg = from_engine_decoder.decode(await self._from_engine.recv())
+                self._last_message = time.monotonic()
+                if msg.heartbeat:
+                    continue
                 if msg.utility is not None:
                     fut = self._utility_waiters.pop(msg.utility.call_id, None)
                     if fut is not None and not fut.done():

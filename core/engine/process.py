@@ -6,6 +6,8 @@ runs the worker in this process). It pulls :data:`~host.core.engine.protocol.ToE
 from the input socket, steps the engine while any request is unfinished, and pushes each step's
 :class:`~host.core.engine.protocol.EngineCoreOutputs`. Idle, it blocks on the input socket;
 busy, it polls without blocking, so new requests join the running batch at the next step.
+Whatever it does, it sends something at least every :data:`HEARTBEAT_INTERVAL_S` seconds
+between steps (an empty heartbeat when idle), so the front end can tell a stopped engine.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from host.core.engine.protocol import (
 )
 
 logger = logging.getLogger("host.engine")
+
+HEARTBEAT_INTERVAL_S = 1.0  # an idle engine says it is alive this often (the API's /health)
 
 
 class EngineCoreProc:
@@ -92,6 +96,7 @@ class EngineCoreProc:
         self._send(EngineCoreOutputs(utility=reply))
 
     def _send(self, msg: EngineCoreOutputs) -> None:
+        self._last_send = time.monotonic()
         msg.timestamp = time.time()
         self.output.send(encoder.encode(msg), copy=False)
 
@@ -102,8 +107,11 @@ class EngineCoreProc:
     def run(self) -> None:
         poller = zmq.Poller()
         poller.register(self.input, zmq.POLLIN)
+        self._last_send = time.monotonic()
         while self.running:
-            events = dict(poller.poll(0 if self._busy() else 1000))
+            if time.monotonic() - self._last_send >= HEARTBEAT_INTERVAL_S:
+                self._send(EngineCoreOutputs(heartbeat=True))  # idle (or between long steps)
+            events = dict(poller.poll(0 if self._busy() else int(HEARTBEAT_INTERVAL_S * 1000)))
             while self.input in events:
                 self._handle(self.input.recv())
                 events = dict(poller.poll(0))

@@ -122,6 +122,9 @@ class EngineCoreOutputs(msgspec.Struct, omit_defaults=True):
     scheduler_stats: SchedulerStats | None = None
     utility: UtilityResult | None = None
     timestamp: float = 0.0
+    # an idle engine's "still here" (about once a second, nothing else set): the client records
+    # when it last heard from the engine (/health's heartbeat check) and drops it
+    heartbeat: bool = False
 
 
 def _enc_hook(obj: Any) -> Any:

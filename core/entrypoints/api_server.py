@@ -23,6 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from host.core.entrypoints.drain import Drain, DrainMiddleware
 from host.sdk.errors import error_body
 
 logger = logging.getLogger("host.api")
@@ -37,6 +38,9 @@ class ServerSettings:
     served_model_names: list[str] = field(default_factory=list)
     api_key: str | None = None
     model_tasks: tuple[str, ...] = MODEL_TASKS
+    shutdown_timeout: float = 30.0  # a drain's wait for in-flight requests (host.core.entrypoints.drain)
+    exit_on_engine_death: bool = False  # stop the server (exit code 1) once the engine process is gone
+    engine_heartbeat_timeout: float = 30.0  # /health is 503 when the engine was silent this long
 
 
 def _error(status: int, message: str, type_: str, param: str | None = None) -> JSONResponse:
@@ -96,12 +100,16 @@ def build_app(config: Any, settings: ServerSettings, plugin_host: Any, engine: A
             state.engine = await AsyncLLM.start(config)
         if state.engine is not None:
             state.engine.metrics = state.metrics
+        state.drain.engine = state.engine
+        watch = asyncio.create_task(_exit_on_engine_death(state)) if settings.exit_on_engine_death and state.engine is not None else None
         for plugin in endpoints:
             await plugin.init_state(state.engine, state, settings)
         state.ready.set()
         try:
             yield
         finally:
+            if watch is not None:
+                watch.cancel()
             if state.engine is not None and start_engine:
                 await state.engine.shutdown()
 
@@ -116,6 +124,7 @@ def build_app(config: Any, settings: ServerSettings, plugin_host: Any, engine: A
     state.started_at = time.time()
     state.metrics = ServerMetrics(state.served_model_names[0])
     state.ready = asyncio.Event()
+    state.drain = Drain(settings.shutdown_timeout)
     state.endpoints = [p.name for p in endpoints]
 
     @app.exception_handler(APIError)
@@ -156,7 +165,17 @@ def build_app(config: Any, settings: ServerSettings, plugin_host: Any, engine: A
 
     for plugin in endpoints:
         plugin.attach_router(app)
+    app.add_middleware(DrainMiddleware, drain=state.drain)  # outermost: refuses before any work
     return app
+
+
+async def _exit_on_engine_death(state: Any) -> None:
+    """Stop the server (exit code 1, for a supervisor to restart it) once the engine process
+    is gone; the requests in flight have already failed with 503."""
+    while state.engine.dead_reason is None and state.engine.is_healthy:
+        await asyncio.sleep(0.2)
+    logger.error("the engine process is gone (%s): the server exits (--exit-on-engine-death)", state.engine.dead_reason)
+    state.drain.exit(1)
 
 
 def _version() -> str:

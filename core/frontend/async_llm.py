@@ -34,6 +34,7 @@ class _Stream:
     def __init__(self) -> None:
         self.queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self.finished = False
+        self.result: RequestOutput | None = None  # the live result, for abort_all
 
 
 class AsyncLLM:
@@ -112,6 +113,7 @@ class AsyncLLM:
         result, engine_requests = self.processor.add_request(request, prompt)
         timing = self.processor.timing(rid)
         stream = self._streams[rid] = _Stream()
+        stream.result = result
         try:
             for engine_request in engine_requests:
                 await self.engine_core.add_request_async(engine_request)
@@ -144,6 +146,25 @@ class AsyncLLM:
         running = self.processor.abort_request(request_id)
         if running:
             await self.engine_core.abort_requests_async(running)
+
+    async def abort_all(self) -> int:
+        """Abort every request in flight (a drain's timeout): each stream gets a last snapshot
+        whose unfinished samples end with ``finish_reason="abort"``. Returns how many."""
+        running: list[str] = []
+        streams = list(self._streams.items())
+        for rid, stream in streams:
+            running += self.processor.abort_request(rid)
+            if stream.result is not None:
+                stream.result.finished = True
+                stream.queue.put_nowait(stream.result)
+        if running:
+            await self.engine_core.abort_requests_async(running)
+        return len(streams)
+
+    @property
+    def engine_silent_for(self) -> float:
+        """Seconds since the engine process last sent anything (steps, or its idle heartbeat)."""
+        return self.engine_core.silent_for
 
     async def utility(self, method: str, *args: Any, timeout: float = 30.0) -> Any:
         """Call ``EngineCore.utility_<method>`` in the engine process and return its result."""

@@ -196,10 +196,14 @@ async def _merged_stream(gens: list[AsyncIterator[Any]]) -> AsyncIterator[tuple[
                 raise item
             yield i, item
     finally:
-        for t in tasks:
+        # each pump owns its generator: cancelling the pump closes it (aborting its request).
+        # Closing a generator from here while its pump is suspended inside it would raise
+        # "aclose(): asynchronous generator is already running".
+        pending = [t for t in tasks if not t.done()]
+        for t in pending:
             t.cancel()
-        for g in gens:
-            await g.aclose()
+        if pending:
+            await asyncio.wait(pending)
 
 
 def _error_event(exc: BaseException) -> str:

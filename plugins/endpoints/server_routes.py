@@ -91,13 +91,36 @@ class HealthEndpoint(EndpointPlugin):
     def attach_router(self, app: Any) -> None:
         router = APIRouter()
 
-        @router.get("/health", summary="200 while the engine is alive, 503 once it is not")
+        @router.get("/health", summary="200 while the engine is alive and answering, 503 otherwise or while draining")
         async def health(raw: Request) -> Response:
-            engine = getattr(raw.app.state, "engine", None)
+            state = raw.app.state
+            engine = getattr(state, "engine", None)
             if engine is None or not engine.is_healthy:
                 reason = engine.dead_reason if engine is not None else "no engine"
                 return error_response(503, f"engine is not healthy: {reason}", "ServiceUnavailableError")
+            limit = state.settings.engine_heartbeat_timeout
+            silent = engine.engine_silent_for
+            if silent > limit:
+                return error_response(
+                    503, f"engine is not healthy: no message from the engine process for {silent:.0f} s "
+                    f"(--engine-heartbeat-timeout {limit:g}); is it stopped or stuck?", "ServiceUnavailableError",
+                )
+            if state.drain.draining:
+                return error_response(503, "the server is draining (shutting down)", "ServiceUnavailableError")
             return Response(status_code=200)
+
+        @router.post("/drain", summary="Stop admitting requests, finish those in flight, then exit", status_code=202)
+        async def drain(raw: Request) -> JSONResponse:
+            state = raw.app.state
+            key = state.settings.api_key
+            if key and raw.headers.get("authorization") != f"Bearer {key}":
+                raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'", "AuthenticationError")
+            started = state.drain.start("POST /drain")
+            return JSONResponse(
+                {"draining": True, "already_draining": not started, "in_flight": state.drain.in_flight,
+                 "shutdown_timeout": state.drain.shutdown_timeout},
+                status_code=202,
+            )
 
         @router.get("/version", summary="The host version")
         async def version() -> JSONResponse:
@@ -108,7 +131,7 @@ class HealthEndpoint(EndpointPlugin):
         app.include_router(router)
 
     def routes(self) -> list[tuple[str, str]]:
-        return [("GET", "/health"), ("GET", "/version")]
+        return [("GET", "/health"), ("GET", "/version"), ("POST", "/drain")]
 
 
 class MetricsEndpoint(EndpointPlugin):

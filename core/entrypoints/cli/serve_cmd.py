@@ -4,12 +4,18 @@ The API server runs in this process; the engine core in a child process it start
 It takes every engine flag but ``--model`` (the model is the argument) and the plugin flags,
 which become the ``HOST_*`` environment so the engine process sees the same settings.
 Start-up prints the platform, the attention backend, the plugins each process loaded and the
-address; SIGINT / SIGTERM shut down gracefully (in-flight requests end, the engine stops).
+address. SIGINT / SIGTERM (or ``POST /drain``) drain the server: new requests get 503, those in
+flight get ``--shutdown-timeout`` seconds, the rest are aborted, then the server and its engine
+stop; a second signal stops at once. With ``--exit-on-engine-death`` (the default) the server
+exits with code 1 once its engine process died. Connections whose request headers are not in
+after ``--header-read-timeout`` seconds are closed; idle keep-alive ones after
+``--timeout-keep-alive``; ``--limit-concurrency`` caps open connections (503 beyond).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from typing import Any, Optional
 
@@ -28,6 +34,22 @@ def serve_cmd(
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="HOST_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1 routes."),
     served_model_name: Optional[list[str]] = typer.Option(None, "--served-model-name", help="Name(s) clients use for the model (repeat for aliases)."),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn / host log level."),
+    shutdown_timeout: float = typer.Option(
+        30.0, "--shutdown-timeout", min=0, help="On SIGTERM or POST /drain: seconds in-flight requests get to finish before they are aborted."
+    ),
+    exit_on_engine_death: bool = typer.Option(
+        True, "--exit-on-engine-death/--no-exit-on-engine-death", help="Exit (code 1) when the engine process dies, so a supervisor restarts the server."
+    ),
+    engine_heartbeat_timeout: float = typer.Option(
+        30.0, "--engine-heartbeat-timeout", min=0.1, help="/health answers 503 when the engine process sent nothing for this many seconds."
+    ),
+    header_read_timeout: float = typer.Option(
+        10.0, "--header-read-timeout", min=0.1, help="Close a connection whose request headers have not all arrived within this many seconds."
+    ),
+    timeout_keep_alive: float = typer.Option(5.0, "--timeout-keep-alive", min=0.1, help="Close an idle keep-alive connection after this many seconds."),
+    limit_concurrency: Optional[int] = typer.Option(
+        None, "--limit-concurrency", min=1, help="Most open connections (and tasks) before new requests get 503 (default: no limit)."
+    ),
     *,
     engine_kwargs: dict[str, Any],
     plugin_flags: dict[str, Any],
@@ -47,6 +69,11 @@ def serve_cmd(
             served_model_names=list(served_model_name or []),
             log_level=log_level,
             engine_kwargs=engine_kwargs,
+            shutdown_timeout=shutdown_timeout,
+            exit_on_engine_death=exit_on_engine_death,
+            engine_heartbeat_timeout=engine_heartbeat_timeout,
+            http_limits={"header_read_timeout": header_read_timeout, "timeout_keep_alive": timeout_keep_alive,
+                         "limit_concurrency": limit_concurrency},
         )
     except (ValueError, RuntimeError) as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -69,7 +96,14 @@ def run_server(
     served_model_names: list[str],
     log_level: str,
     engine_kwargs: dict[str, Any],
+    shutdown_timeout: float = 30.0,
+    exit_on_engine_death: bool = True,
+    engine_heartbeat_timeout: float = 30.0,
+    http_limits: dict[str, Any] | None = None,
 ) -> None:
+    """Run the server until it is stopped. The first SIGTERM / SIGINT drains it (see
+    :mod:`host.core.entrypoints.drain`), a second one stops it at once. Exits non-zero
+    (``SystemExit(1)``) when it stopped because the engine process died."""
     import asyncio
 
     import uvicorn
@@ -81,7 +115,10 @@ def run_server(
     plugin_host = get_plugin_host()
     plugin_host.bootstrap("api")
     config = EngineArgs.from_kwargs(model=model, served_model_name=(served_model_names or [None])[0], **engine_kwargs).create_engine_config()
-    app = build_app(config, ServerSettings(served_model_names=served_model_names, api_key=api_key), plugin_host)
+    app = build_app(config, ServerSettings(
+        served_model_names=served_model_names, api_key=api_key,
+        shutdown_timeout=shutdown_timeout, exit_on_engine_death=exit_on_engine_death, engine_heartbeat_timeout=engine_heartbeat_timeout,
+    ), plugin_host)
 
     async def announce() -> None:
         await app.state.ready.wait()
@@ -106,12 +143,39 @@ def run_server(
         print("\n".join(lines), file=sys.stderr, flush=True)
 
     class Server(uvicorn.Server):
+        loop: asyncio.AbstractEventLoop | None = None
+
         async def startup(self, sockets: Any = None) -> None:
             await super().startup(sockets)
             if not self.should_exit:
+                self.loop = asyncio.get_running_loop()
+                app.state.drain.on_exit = self.stop
                 asyncio.ensure_future(announce())
 
-    server = Server(uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(), lifespan="on", timeout_graceful_shutdown=10))
+        def stop(self, code: int) -> None:
+            self.should_exit = True
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            drain = app.state.drain
+            if self.loop is None or drain.draining or not app.state.ready.is_set():
+                super().handle_exit(sig, frame)  # not serving yet, or the second signal: stop now
+                if drain.draining:
+                    self.force_exit = True
+                return
+            self._captured_signals.append(sig)  # re-raised once the server has stopped
+            self.loop.call_soon_threadsafe(drain.start, signal.Signals(sig).name)
+
+    from host.core.entrypoints.http_limits import h11_protocol_with_header_timeout
+
+    limits = dict(http_limits or {})
+    protocol = h11_protocol_with_header_timeout(limits.pop("header_read_timeout", 10.0))
+    server = Server(uvicorn.Config(
+        app, host=host, port=port, log_level=log_level.lower(), lifespan="on", http=protocol,
+        timeout_graceful_shutdown=10, timeout_keep_alive=limits.pop("timeout_keep_alive", 5.0),
+        limit_concurrency=limits.pop("limit_concurrency", None), h11_max_incomplete_event_size=16 * 1024,
+    ))
     server.run()
     if not server.started:
         raise RuntimeError("the server did not start (see the log above)")
+    if app.state.drain.exit_code:
+        raise SystemExit(app.state.drain.exit_code)

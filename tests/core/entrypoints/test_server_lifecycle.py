@@ -1,10 +1,13 @@
-"""Server life cycle: the engine process dying, API keys, third-party endpoint plugins, and a
-clean shutdown on SIGTERM."""
+"""Server life cycle: the engine process dying (or stopping), the API process dying, API keys,
+third-party endpoint plugins, a clean shutdown on SIGTERM, a failed start, and connection
+limits."""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
+import subprocess
 import threading
 import time
 
@@ -12,11 +15,106 @@ import httpx
 import openai
 import pytest
 
-from helpers import run_server
+from helpers import HOST_BIN, free_port, run_server, subprocess_env
+
+
+def _engine_pid(server) -> int:
+    return httpx.get(f"{server.url}/v1/plugins").json()["processes"]["engine"]["pid"]
+
+
+def _running(pid: int) -> bool:
+    """Running (a zombie waiting for its reaper counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_engine_death_exits_the_server_after_failing_requests(tmp_path):
+    """``--exit-on-engine-death`` (the default): the stream in flight fails in-band and ends with
+    ``[DONE]``, then the server exits with code 1 for its supervisor to restart it."""
+    with run_server(tmp_path) as server:
+        engine_pid = _engine_pid(server)
+        lines: list[str] = []
+
+        def stream() -> None:
+            with httpx.stream("POST", f"{server.url}/v1/completions", json={"prompt": "Count:", "max_tokens": 900, "stream": True, "ignore_eos": True}, timeout=60) as r:
+                lines.extend(line for line in r.iter_lines() if line)
+
+        t = threading.Thread(target=stream)
+        t.start()
+        time.sleep(2.0)
+        os.kill(engine_pid, signal.SIGKILL)
+        t.join(20)
+        assert not t.is_alive()
+        assert any('"error"' in line for line in lines) and lines[-1] == "data: [DONE]"
+        assert server.proc.wait(30) == 1
+        assert "--exit-on-engine-death" in server.log()
+
+
+def test_sigkill_of_the_api_process_takes_the_engine_down(tmp_path):
+    with run_server(tmp_path) as server:
+        engine_pid = _engine_pid(server)
+        server.proc.send_signal(signal.SIGKILL)
+        server.proc.wait(10)
+        deadline = time.monotonic() + 10
+        while _running(engine_pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _running(engine_pid), "the engine process was orphaned"
+
+
+def test_a_stopped_engine_turns_health_503_within_the_heartbeat_timeout(tmp_path):
+    with run_server(tmp_path, ["--engine-heartbeat-timeout", "2"]) as server:
+        engine_pid = _engine_pid(server)
+        time.sleep(3)  # idle: the heartbeat keeps /health at 200
+        assert httpx.get(f"{server.url}/health").status_code == 200
+        os.kill(engine_pid, signal.SIGSTOP)
+        try:
+            deadline = time.monotonic() + 15
+            while httpx.get(f"{server.url}/health").status_code == 200 and time.monotonic() < deadline:
+                time.sleep(0.2)
+            r = httpx.get(f"{server.url}/health")
+            assert r.status_code == 503 and "no message from the engine process" in r.json()["error"]["message"]
+        finally:
+            os.kill(engine_pid, signal.SIGCONT)
+        deadline = time.monotonic() + 15
+        while httpx.get(f"{server.url}/health").status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert httpx.get(f"{server.url}/health").status_code == 200  # resumed: healthy again
+        assert server.proc.poll() is None  # a stopped engine is not a dead one
+
+
+def test_a_failed_start_leaves_no_ipc_dir(tmp_path):
+    ipc_tmp = tmp_path / "tmp"
+    ipc_tmp.mkdir()
+    proc = subprocess.run(
+        [HOST_BIN, "serve", "--port", str(free_port()), "--max-model-len", "1024", "--kv-cache-memory", "1KiB"],
+        capture_output=True, text=True, env=subprocess_env([], TMPDIR=str(ipc_tmp)), timeout=180,
+    )
+    assert proc.returncode != 0 and "raise --kv-cache-memory" in proc.stderr  # it failed in the engine
+    assert not list(ipc_tmp.glob("host-ipc-*"))
+
+
+def test_half_open_connections_are_closed_after_the_header_read_timeout(tmp_path):
+    with run_server(tmp_path, ["--header-read-timeout", "1"]) as server:
+        socks = []
+        for i in range(50):
+            s = socket.create_connection(("127.0.0.1", server.port))
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n" if i % 2 else b"")  # headers never end
+            s.settimeout(15)
+            socks.append(s)
+        try:
+            for s in socks:
+                assert s.recv(100) == b"", "a half-open connection was not closed"
+        finally:
+            for s in socks:
+                s.close()
+        assert httpx.get(f"{server.url}/health").status_code == 200  # complete requests still served
 
 
 def test_engine_death_fails_requests_fast_and_health_turns_503(tmp_path):
-    with run_server(tmp_path) as server:
+    with run_server(tmp_path, ["--no-exit-on-engine-death"]) as server:
         engine_pid = httpx.get(f"{server.url}/v1/plugins").json()["processes"]["engine"]["pid"]
         result: dict = {}
 
