@@ -74,6 +74,19 @@ class TokenLogprobs(msgspec.Struct, array_like=True):
     rank: int
 
 
+class EngineCoreEvent(msgspec.Struct, array_like=True):
+    """A moment in one engine request's life, for the latency metrics: ``type`` is
+    :data:`EVENT_QUEUED`, :data:`EVENT_SCHEDULED` (left the waiting queue, again after each
+    preemption) or :data:`EVENT_PREEMPTED`; ``timestamp`` is the engine's ``time.monotonic()``
+    (one clock for every process of the host, so the front end compares it with its own)."""
+
+    type: int
+    timestamp: float
+
+
+EVENT_QUEUED, EVENT_SCHEDULED, EVENT_PREEMPTED = 1, 2, 3
+
+
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     """New tokens of one engine request after a step, plus its finish reason once it is done.
 
@@ -89,6 +102,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     new_logprobs: list[TokenLogprobs] | None = None
     new_prompt_logprobs: list[TokenLogprobs] | None = None
     error: str | None = None
+    # what happened to the request since its previous output (queued, scheduled, preempted)
+    events: list[EngineCoreEvent] | None = None
 
     @property
     def finished(self) -> bool:
@@ -105,6 +120,9 @@ class SchedulerStats(msgspec.Struct, omit_defaults=True):
     prefix_cache_hits: int = 0  # tokens found
     prefix_cache_hit_rate: float = 0.0
     num_preemptions: int = 0
+    # waiting requests held back by something other than capacity (a grammar still compiling);
+    # the rest of num_waiting_reqs waits for capacity
+    num_waiting_deferred: int = 0
 
 
 class UtilityResult(msgspec.Struct):
@@ -137,6 +155,10 @@ from_engine_decoder = msgspec.msgpack.Decoder(EngineCoreOutputs)
 
 __all__ = [
     "AbortRequests",
+    "EVENT_PREEMPTED",
+    "EVENT_QUEUED",
+    "EVENT_SCHEDULED",
+    "EngineCoreEvent",
     "EngineCoreOutput",
     "EngineCoreOutputs",
     "EngineCoreRequest",

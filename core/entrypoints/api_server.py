@@ -41,6 +41,12 @@ class ServerSettings:
     shutdown_timeout: float = 30.0  # a drain's wait for in-flight requests (host.core.entrypoints.drain)
     exit_on_engine_death: bool = False  # stop the server (exit code 1) once the engine process is gone
     engine_heartbeat_timeout: float = 30.0  # /health is 503 when the engine was silent this long
+    # stat loggers (host.core.frontend.stat_loggers): --stat-loggers NAME[:ARG], the metric names'
+    # prefix (host: or vllm:), the periodic log line's interval and its switch
+    stat_loggers: list[str] = field(default_factory=list)
+    metrics_prefix: str = "host"
+    log_stats_interval: float = 10.0
+    disable_log_stats: bool = False
 
 
 def _error(status: int, message: str, type_: str, param: str | None = None) -> JSONResponse:
@@ -87,7 +93,6 @@ def select_endpoints(plugin_host: Any, model_tasks: tuple[str, ...]) -> list[Any
 def build_app(config: Any, settings: ServerSettings, plugin_host: Any, engine: Any = None, start_engine: bool = True) -> FastAPI:
     """The app. With ``start_engine`` the engine process is started in the app's lifespan (so
     its sockets live on uvicorn's event loop) and stopped when the server stops."""
-    from host.core.entrypoints.metrics import ServerMetrics
     from host.core.frontend.async_llm import AsyncLLM, EngineDeadError
     from host.sdk import APIError
 
@@ -99,7 +104,9 @@ def build_app(config: Any, settings: ServerSettings, plugin_host: Any, engine: A
         if start_engine and state.engine is None:
             state.engine = await AsyncLLM.start(config)
         if state.engine is not None:
-            state.engine.metrics = state.metrics
+            state.stat_context.engine_info.update(state.engine.engine_info)
+            state.engine.stat_loggers = state.stat_loggers
+            state.stat_loggers.start()
         state.drain.engine = state.engine
         watch = asyncio.create_task(_exit_on_engine_death(state)) if settings.exit_on_engine_death and state.engine is not None else None
         for plugin in endpoints:
@@ -112,6 +119,7 @@ def build_app(config: Any, settings: ServerSettings, plugin_host: Any, engine: A
                 watch.cancel()
             if state.engine is not None and start_engine:
                 await state.engine.shutdown()
+            state.stat_loggers.shutdown()
 
     app = FastAPI(title="host", version=_version(), lifespan=lifespan)
     state = app.state
@@ -122,7 +130,7 @@ def build_app(config: Any, settings: ServerSettings, plugin_host: Any, engine: A
     state.max_model_len = config.model.max_model_len
     state.model_path = config.model.model
     state.started_at = time.time()
-    state.metrics = ServerMetrics(state.served_model_names[0])
+    _attach_stat_loggers(state, config, settings, plugin_host)
     state.ready = asyncio.Event()
     state.drain = Drain(settings.shutdown_timeout)
     state.endpoints = [p.name for p in endpoints]
@@ -167,6 +175,26 @@ def build_app(config: Any, settings: ServerSettings, plugin_host: Any, engine: A
         plugin.attach_router(app)
     app.add_middleware(DrainMiddleware, drain=state.drain)  # outermost: refuses before any work
     return app
+
+
+def _attach_stat_loggers(state: Any, config: Any, settings: ServerSettings, plugin_host: Any) -> None:
+    """The stat loggers (``host.stat_loggers``) and the Prometheus registry ``/metrics`` renders
+    (``state.metrics_registry``); a bad ``--stat-loggers`` entry fails here, before the engine
+    starts."""
+    from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
+
+    from host.core.frontend.stat_loggers import StatLoggerManager
+    from host.sdk.stat_logger import StatLoggerContext
+
+    state.metrics_registry = CollectorRegistry()
+    for collector in (ProcessCollector, PlatformCollector, GCCollector):  # process_*, python_*, as vLLM shows
+        collector(registry=state.metrics_registry)
+    state.stat_context = StatLoggerContext(
+        config=config, model_name=state.served_model_names[0], metrics_prefix=settings.metrics_prefix,
+        registry=state.metrics_registry, log_interval=settings.log_stats_interval,
+    )
+    registry = dict(plugin_host.registry("stat_loggers").items())
+    state.stat_loggers = StatLoggerManager.create(registry, state.stat_context, settings.stat_loggers, settings.disable_log_stats)
 
 
 async def _exit_on_engine_death(state: Any) -> None:

@@ -20,7 +20,8 @@ from typing import Any, AsyncIterator
 from host.core.engine.client import AsyncMPClient, EngineDeadError, EngineStartupError
 from host.core.engine.protocol import SchedulerStats
 from host.core.frontend.input_processor import InputProcessor
-from host.core.frontend.output_processor import OutputProcessor, RequestOutput, RequestTiming
+from host.core.frontend.output_processor import OutputProcessor, ProcessedOutputs, RequestOutput, RequestTiming
+from host.core.frontend.stat_loggers import StatLoggerManager
 from host.core.sampling_params import SamplingParams
 
 logger = logging.getLogger("host.async_llm")
@@ -49,7 +50,8 @@ class AsyncLLM:
         self.processor = OutputProcessor(tokenizer)
         self._streams: dict[str, _Stream] = {}  # prompt request id -> its stream
         self.stats = SchedulerStats()
-        self.metrics: Any = None  # set by the server (host.core.entrypoints.metrics.ServerMetrics)
+        # set by the server: fed after every engine step (host.core.frontend.stat_loggers)
+        self.stat_loggers: StatLoggerManager | None = None
         self._output_task = asyncio.create_task(self._output_loop())
         self._closed = False
 
@@ -122,9 +124,8 @@ class AsyncLLM:
         except BaseException:
             self._streams.pop(rid, None)
             await self.abort(rid)
+            self._report_ended(result, timing, params)
             raise
-        if self.metrics is not None:
-            self.metrics.on_request_start()
         try:
             while True:
                 item = await stream.queue.get()
@@ -138,8 +139,13 @@ class AsyncLLM:
             self._streams.pop(rid, None)
             if not stream.finished:
                 await self.abort(rid)
-            if self.metrics is not None:
-                self.metrics.on_request_end(timing, result, finished=stream.finished)
+            self._report_ended(result, timing, params)
+
+    def _report_ended(self, result: RequestOutput, timing: RequestTiming | None, params: SamplingParams) -> None:
+        """Tell the stat loggers about a prompt the front end ended (aborted, failed): one the
+        engine finished was reported with its step (``timing.finished_at`` is set)."""
+        if self.stat_loggers is not None and (timing is None or timing.finished_at is None):
+            self.stat_loggers.on_ended(result, timing, params, len(self._streams))
 
     async def abort(self, request_id: str) -> None:
         """Abort one prompt (a disconnected client): its engine requests free their blocks."""
@@ -177,10 +183,12 @@ class AsyncLLM:
                 outputs = await self.engine_core.get_output_async()
                 if outputs.scheduler_stats is not None:
                     self.stats = outputs.scheduler_stats
-                    if self.metrics is not None:
-                        self.metrics.on_stats(outputs.scheduler_stats)
-                if outputs.outputs:
-                    await self._process(outputs.outputs)
+                done = self._dispatch(outputs.outputs) if outputs.outputs else None
+                if self.stat_loggers is not None and (done is not None or outputs.scheduler_stats is not None):
+                    # before any await: the gauges are current when a client sees its last chunk
+                    self.stat_loggers.on_step(outputs.scheduler_stats, done, len(self._streams))
+                if done is not None and done.reqs_to_abort:
+                    await self.engine_core.abort_requests_async(done.reqs_to_abort)
         except asyncio.CancelledError:
             raise
         except EngineDeadError as exc:
@@ -189,7 +197,9 @@ class AsyncLLM:
             logger.exception("output loop failed")
             self._fail_all(EngineDeadError(f"output handling failed: {exc}"))
 
-    async def _process(self, outputs: list[Any]) -> None:
+    def _dispatch(self, outputs: list[Any]) -> ProcessedOutputs:
+        """Apply one step's outputs and queue each prompt's snapshot; the caller aborts
+        ``reqs_to_abort`` in the engine."""
         done = self.processor.process_outputs(outputs)
         for request_id, error in done.failed:
             stream = self._streams.pop(request_id, None)
@@ -199,5 +209,4 @@ class AsyncLLM:
             stream = self._streams.get(result.request_id)
             if stream is not None:
                 stream.queue.put_nowait(result)
-        if done.reqs_to_abort:
-            await self.engine_core.abort_requests_async(done.reqs_to_abort)
+        return done

@@ -14,7 +14,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from host.core.engine.protocol import EngineCoreOutput, EngineCoreRequest, TokenLogprobs
+from host.core.engine.protocol import (
+    EVENT_PREEMPTED,
+    EVENT_QUEUED,
+    EVENT_SCHEDULED,
+    EngineCoreEvent,
+    EngineCoreOutput,
+    EngineCoreRequest,
+    TokenLogprobs,
+)
 from host.core.frontend.detokenizer import IncrementalDetokenizer
 from host.core.sampling_params import SamplingParams
 
@@ -69,6 +77,7 @@ class _Sequence:
         self.params = params
         self.detok = detok
         self.output = CompletionOutput(index, "", [])
+        self.last_token: float | None = None  # when its latest tokens arrived (inter-token latency)
         if params.logprobs is not None:
             self.output.logprobs = []
             self.output.cumulative_logprob = 0.0
@@ -76,13 +85,25 @@ class _Sequence:
 
 @dataclass
 class RequestTiming:
-    """One prompt's timestamps for the latency metrics (``time.monotonic`` seconds)."""
+    """One prompt's timestamps for the latency metrics (``time.monotonic`` seconds; one clock
+    for every process of the host, so the engine's event times compare with the front end's).
+
+    ``arrival``, ``first_token`` and ``last_token`` are taken here, when the prompt was added and
+    when outputs with tokens arrived; ``queued`` (its first sample entered the engine's waiting
+    queue) and ``scheduled`` (a sample first left it) come from the engine's events, as does
+    ``num_preemptions`` (summed over its samples). ``finished_at`` is set when every sample
+    finished in the engine (the prompt is then reported in :attr:`ProcessedOutputs.finished`);
+    a prompt ended otherwise (aborted, failed) never gets it."""
 
     arrival: float
     first_token: float | None = None
     last_token: float | None = None
     num_output_tokens: int = 0
     itls: list[float] = field(default_factory=list)
+    queued: float | None = None
+    scheduled: float | None = None
+    num_preemptions: int = 0
+    finished_at: float | None = None
 
     def on_tokens(self, now: float, count: int) -> None:
         if self.first_token is None:
@@ -91,6 +112,17 @@ class RequestTiming:
             self.itls.append(now - self.last_token)
         self.last_token = now
         self.num_output_tokens += count
+
+    def on_events(self, events: list[EngineCoreEvent]) -> None:
+        for event in events:
+            if event.type == EVENT_QUEUED:
+                if self.queued is None or event.timestamp < self.queued:
+                    self.queued = event.timestamp
+            elif event.type == EVENT_SCHEDULED:
+                if self.scheduled is None or event.timestamp < self.scheduled:
+                    self.scheduled = event.timestamp
+            elif event.type == EVENT_PREEMPTED:
+                self.num_preemptions += 1
 
 
 class _Parent:
@@ -179,16 +211,28 @@ class OutputProcessor:
                 self._drop(parent, abort_others=done.reqs_to_abort, failed_id=out.req_id)
                 touched.pop(rid, None)
                 continue
+            timing = parent.timing
+            if out.events:
+                timing.on_events(out.events)
             if out.new_token_ids:
-                parent.timing.on_tokens(now, len(out.new_token_ids))
+                if timing.first_token is None:
+                    done.time_to_first_tokens.append(now - timing.arrival)
+                if seq.last_token is None:
+                    done.num_prompt_tokens += len(parent.result.prompt_token_ids)  # its prefill is done
+                else:
+                    done.inter_token_latencies.append(now - seq.last_token)
+                seq.last_token = now
+                done.num_generation_tokens += len(out.new_token_ids)
+                timing.on_tokens(now, len(out.new_token_ids))
             result, stop_str = self.process(out)
             if stop_str is not None and not out.finished:
                 done.reqs_to_abort.append(out.req_id)  # a stop string ended it: free its blocks
             if out.finished or stop_str is not None:
                 done.finished_engine_ids.append(out.req_id)
             touched[rid] = result
-            if result.finished:
-                self._parents.pop(rid, None)
+            if result.finished and self._parents.pop(rid, None) is not None:
+                timing.finished_at = now
+                done.finished.append(FinishedPrompt(parent.result, parent.timing, parent.params))
         done.request_outputs = list(touched.values())
         return done
 
@@ -273,12 +317,30 @@ class OutputProcessor:
 
 
 @dataclass
+class FinishedPrompt:
+    """A prompt whose samples all finished: its result, timings and parameters (the metrics)."""
+
+    result: RequestOutput
+    timing: RequestTiming
+    params: SamplingParams
+
+
+@dataclass
 class ProcessedOutputs:
     """What one step's outputs did: the prompts' updated results (once each), the engine
     requests a stop string ended (still running in the engine: abort them), the engine
-    requests that finished (in order), and the prompts the engine failed, with its error."""
+    requests that finished (in order), and the prompts the engine failed, with its error.
+
+    For the metrics: the prompts that finished, the prompt tokens whose prefill ended (a
+    sample's first token arrived), the tokens generated, each prompt's time to first token and
+    each sample's gaps between token arrivals (``time.monotonic`` seconds)."""
 
     request_outputs: list[RequestOutput] = field(default_factory=list)
     reqs_to_abort: list[str] = field(default_factory=list)
     finished_engine_ids: list[str] = field(default_factory=list)
     failed: list[tuple[str, str]] = field(default_factory=list)
+    finished: list[FinishedPrompt] = field(default_factory=list)
+    num_prompt_tokens: int = 0
+    num_generation_tokens: int = 0
+    time_to_first_tokens: list[float] = field(default_factory=list)
+    inter_token_latencies: list[float] = field(default_factory=list)

@@ -11,10 +11,19 @@ queue (the prefix cache usually still holds most of their blocks when they resum
 from __future__ import annotations
 
 import logging
+import time
 from typing import Iterable
 
 from host.core.config import CacheConfig, SchedulerConfig
-from host.core.engine.protocol import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
+from host.core.engine.protocol import (
+    EVENT_PREEMPTED,
+    EVENT_QUEUED,
+    EVENT_SCHEDULED,
+    EngineCoreEvent,
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    SchedulerStats,
+)
 from host.core.kv_cache.block_pool import KVCacheBlock
 from host.core.kv_cache.hashing import make_block_hasher
 from host.core.kv_cache.manager import KVCacheManager
@@ -74,6 +83,8 @@ class Scheduler:
         # outputs of requests the scheduler itself finished (reported by update_from_output)
         self._pending_outputs: list[EngineCoreOutput] = []
         self.num_preemptions = 0
+        # each request's queued / scheduled / preempted moments not yet sent (the latency metrics)
+        self._events: dict[str, list[EngineCoreEvent]] = {}
         self._block_hasher = make_block_hasher(self.block_size) if kv_cache_manager.enable_caching else None
 
     # -- requests in and out ------------------------------------------------------------------
@@ -111,6 +122,7 @@ class Scheduler:
             request.status = RequestStatus.WAITING
         self.requests[req_id] = request
         self.waiting.add_request(request)
+        self._events[req_id] = [EngineCoreEvent(EVENT_QUEUED, time.monotonic())]
 
     def finish_requests(self, request_ids: str | Iterable[str], finished_status: RequestStatus) -> None:
         """Finish requests from outside (abort, a stop string found by the detokenizer): their
@@ -260,6 +272,7 @@ class Scheduler:
                 request.status = RequestStatus.RUNNING
                 self.running.append(request)
                 scheduled_new.append(request)
+                self._events.setdefault(request.request_id, []).append(EngineCoreEvent(EVENT_SCHEDULED, time.monotonic()))
                 num_scheduled[request.request_id] = num_new
                 token_budget -= num_new
 
@@ -341,7 +354,9 @@ class Scheduler:
             # a sample from a prefill chunk that has not reached the end of the prompt is void
             if not sampled or not samples:
                 if prompt_logprobs:
-                    outputs.append(EngineCoreOutput(req_id=req_id, new_token_ids=[], new_prompt_logprobs=prompt_logprobs))
+                    outputs.append(EngineCoreOutput(
+                        req_id=req_id, new_token_ids=[], new_prompt_logprobs=prompt_logprobs, events=self._events.pop(req_id, None)
+                    ))
                 continue
             new_token_ids: list[int] = []
             for token_id in sampled:
@@ -355,6 +370,7 @@ class Scheduler:
                 logger.error("request %s: %s", req_id, error)
                 request.status = RequestStatus.FINISHED_ABORTED
             row_logprobs = all_logprobs[i] if all_logprobs else None
+            events = self._events.pop(req_id, None)
             finish_reason = None
             if request.is_finished():
                 finish_reason = request.get_finished_reason()
@@ -371,6 +387,7 @@ class Scheduler:
                     row_logprobs[: len(new_token_ids)] if row_logprobs else None,
                     prompt_logprobs or None,
                     error,
+                    events,
                 )
             )
         if stopped:
@@ -388,6 +405,10 @@ class Scheduler:
             prefix_cache_hits=pc.hits,
             prefix_cache_hit_rate=pc.hit_rate,
             num_preemptions=self.num_preemptions,
+            num_waiting_deferred=sum(
+                1 for r in self.waiting
+                if r.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR and not r.structured_output.ready()
+            ),
         )
 
     # -- internals ----------------------------------------------------------------------------
@@ -419,6 +440,7 @@ class Scheduler:
         request.num_output_placeholders = 0  # a token in flight is dropped: it is recomputed
         request.num_preemptions += 1
         self.num_preemptions += 1
+        self._events.setdefault(request.request_id, []).append(EngineCoreEvent(EVENT_PREEMPTED, time.monotonic()))
         self.waiting.prepend_request(request)
 
     def _cap_for_kv_exhaustion(self, request: Request) -> None:
@@ -461,6 +483,7 @@ class Scheduler:
         )
 
     def _free_request(self, request: Request) -> None:
+        self._events.pop(request.request_id, None)
         self.kv_cache_manager.free(request)
         del self.requests[request.request_id]
         self.finished_req_ids.add(request.request_id)

@@ -142,10 +142,13 @@ class MetricsEndpoint(EndpointPlugin):
 
         @router.get("/metrics", summary="Prometheus metrics")
         async def metrics(raw: Request) -> Response:
-            m = raw.app.state.metrics
-            if m is None:
+            """The registry the ``prometheus`` stat logger fills (``host.stat_loggers``)."""
+            from prometheus_client import generate_latest
+
+            registry = getattr(raw.app.state, "metrics_registry", None)
+            if registry is None:
                 return Response(b"", media_type="text/plain")
-            return Response(m.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+            return Response(generate_latest(registry), media_type="text/plain; version=0.0.4; charset=utf-8")
 
         app.include_router(router)
 

@@ -50,6 +50,12 @@ def serve_cmd(
     limit_concurrency: Optional[int] = typer.Option(
         None, "--limit-concurrency", min=1, help="Most open connections (and tasks) before new requests get 503 (default: no limit)."
     ),
+    stat_loggers: Optional[list[str]] = typer.Option(
+        None, "--stat-loggers", help="Extra stat loggers, NAME[:ARG] (repeat or comma-separate), e.g. jsonl:/var/log/host-stats.jsonl."
+    ),
+    metrics_prefix: str = typer.Option("host", "--metrics-prefix", help="Prefix of the /metrics names: 'host' (host:...) or 'vllm' (vllm:..., for vLLM dashboards)."),
+    log_stats_interval: float = typer.Option(10.0, "--log-stats-interval", min=0.01, help="Seconds between the stats log lines (and the stat loggers' log() calls)."),
+    disable_log_stats: bool = typer.Option(False, "--disable-log-stats", help="Turn off the periodic stats log line."),
     *,
     engine_kwargs: dict[str, Any],
     plugin_flags: dict[str, Any],
@@ -74,6 +80,8 @@ def serve_cmd(
             engine_heartbeat_timeout=engine_heartbeat_timeout,
             http_limits={"header_read_timeout": header_read_timeout, "timeout_keep_alive": timeout_keep_alive,
                          "limit_concurrency": limit_concurrency},
+            stat_settings={"stat_loggers": list(stat_loggers or []), "metrics_prefix": metrics_prefix,
+                           "log_stats_interval": log_stats_interval, "disable_log_stats": disable_log_stats},
         )
     except (ValueError, RuntimeError) as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -100,6 +108,7 @@ def run_server(
     exit_on_engine_death: bool = True,
     engine_heartbeat_timeout: float = 30.0,
     http_limits: dict[str, Any] | None = None,
+    stat_settings: dict[str, Any] | None = None,
 ) -> None:
     """Run the server until it is stopped. The first SIGTERM / SIGINT drains it (see
     :mod:`host.core.entrypoints.drain`), a second one stops it at once. Exits non-zero
@@ -118,6 +127,7 @@ def run_server(
     app = build_app(config, ServerSettings(
         served_model_names=served_model_names, api_key=api_key,
         shutdown_timeout=shutdown_timeout, exit_on_engine_death=exit_on_engine_death, engine_heartbeat_timeout=engine_heartbeat_timeout,
+        **(stat_settings or {}),
     ), plugin_host)
 
     async def announce() -> None:

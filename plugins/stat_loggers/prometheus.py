@@ -1,0 +1,203 @@
+"""The Prometheus exporter: fills the registry that ``/metrics`` renders. It runs in the API
+process.
+
+The names, label names and bucket edges are vLLM's (``vllm/v1/metrics/loggers.py``), so a
+dashboard built for vLLM works once the prefix matches (``--metrics-prefix vllm`` gives
+``vllm:``; the default is ``host:``). prometheus_client adds ``_total`` to counters, as it does
+for vLLM. Every series has the labels ``model_name`` and ``engine``, except
+``cache_config_info``, which has the cache settings and ``engine``, as in vLLM.
+
+vLLM metrics this exporter does not make: what host has no feature for (speculative decoding,
+LoRA, KV connectors, multimodal caches, sleep mode, corrupted requests) and the deprecated
+names. Two names are host's own: ``prefix_cache_hit_rate`` (hits / queries since start-up) and
+``num_requests_in_flight`` (prompts the API server is serving).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from host.sdk import StatLogger
+
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                           240.0, 480.0, 960.0, 1920.0, 7680.0)
+ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+N_BUCKETS = (1, 2, 5, 10, 20)
+PREEMPTION_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
+FINISH_REASONS = ("stop", "length", "abort")
+WAITING_REASONS = ("capacity", "deferred")
+
+
+def build_1_2_5_buckets(max_value: int) -> list[int]:
+    """1, 2, 5, 10, 20, 50, ... up to ``max_value`` (vLLM's token-count buckets)."""
+    buckets, exponent = [], 0
+    while True:
+        for m in (1, 2, 5):
+            value = m * 10**exponent
+            if value > max_value:
+                return buckets
+            buckets.append(value)
+        exponent += 1
+
+
+class PrometheusStatLogger(StatLogger):
+    """Counters, gauges and histograms of one engine, in ``context.registry``."""
+
+    name = "prometheus"
+
+    def __init__(self, context: Any = None, arg: str | None = None) -> None:
+        super().__init__(context, arg)
+        ctx = self.context
+        prefix = ctx.metrics_prefix
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", prefix or ""):
+            raise ValueError(f"metrics prefix {prefix!r} is not a Prometheus name; use e.g. 'host' or 'vllm'")
+        self.registry = ctx.registry if ctx.registry is not None else CollectorRegistry()
+        self.prefix = prefix
+        labels = ["model_name", "engine"]
+        values = [ctx.model_name, str(ctx.engine_index)]
+        model = getattr(ctx.config, "model", None)
+        max_model_len = int(getattr(model, "max_model_len", None) or 8192)
+        token_buckets = build_1_2_5_buckets(max_model_len)
+
+        def gauge(name: str, doc: str) -> Any:
+            return Gauge(f"{prefix}:{name}", doc, labels, registry=self.registry).labels(*values)
+
+        def counter(name: str, doc: str) -> Any:
+            return Counter(f"{prefix}:{name}", doc, labels, registry=self.registry).labels(*values)
+
+        def histogram(name: str, doc: str, buckets: Any) -> Any:
+            return Histogram(f"{prefix}:{name}", doc, labels, buckets=buckets, registry=self.registry).labels(*values)
+
+        # scheduler state
+        self.running = gauge("num_requests_running", "Number of requests in model execution batches.")
+        self.waiting = gauge("num_requests_waiting", "Number of requests waiting to be processed.")
+        by_reason = Gauge(
+            f"{prefix}:num_requests_waiting_by_reason",
+            "Number of waiting requests by reason: 'capacity' = waiting for scheduling capacity; "
+            "'deferred' = held back by a grammar still compiling. Sum of all reasons equals num_requests_waiting.",
+            labels + ["reason"], registry=self.registry,
+        )
+        self.waiting_by_reason = {r: by_reason.labels(*values, r) for r in WAITING_REASONS}
+        self.kv_usage = gauge("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        self.prefix_hit_rate = gauge("prefix_cache_hit_rate", "Prefix-cache hits / queries since start-up, in tokens (host's own).")
+        self.in_flight = gauge("num_requests_in_flight", "Prompts the API server is serving (host's own).")
+        # counters
+        self.prefix_queries = counter("prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.")
+        self.prefix_hits = counter("prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
+        self.preemptions = counter("num_preemptions", "Cumulative number of preemption from the engine.")
+        self.prompt_tokens = counter("prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = counter("generation_tokens", "Number of generation tokens processed.")
+        success = Counter(
+            f"{prefix}:request_success", "Count of successfully processed requests.",
+            labels + ["finished_reason"], registry=self.registry,
+        )
+        self._success_base = success
+        self.success = {r: success.labels(*values, r) for r in FINISH_REASONS}
+        self._values = values
+        # histograms of counts
+        self.req_prompt_tokens = histogram("request_prompt_tokens", "Number of prefill tokens processed.", token_buckets)
+        self.req_generation_tokens = histogram("request_generation_tokens", "Number of generation tokens processed.", token_buckets)
+        self.iteration_tokens = histogram("iteration_tokens_total", "Histogram of number of tokens per engine_step.", ITERATION_TOKEN_BUCKETS)
+        self.req_max_generation_tokens = histogram(
+            "request_max_num_generation_tokens", "Histogram of maximum number of requested generation tokens.", token_buckets
+        )
+        self.req_n = histogram("request_params_n", "Histogram of the n request parameter.", N_BUCKETS)
+        self.req_max_tokens = histogram("request_params_max_tokens", "Histogram of the max_tokens request parameter.", token_buckets)
+        self.req_preemptions = histogram(
+            "request_num_preemptions", "Histogram of the number of preemptions a finished request went through.", PREEMPTION_BUCKETS
+        )
+        self.req_prefill_kv_computed = histogram(
+            "request_prefill_kv_computed_tokens",
+            "Histogram of new KV tokens computed during prefill (excluding cached tokens).", token_buckets,
+        )
+        # histograms of times
+        self.ttft = histogram("time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT_BUCKETS)
+        self.itl = histogram("inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL_BUCKETS)
+        self.req_tpot = histogram(
+            "request_time_per_output_token_seconds", "Histogram of time_per_output_token_seconds per request.", ITL_BUCKETS
+        )
+        self.e2e = histogram("e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", REQUEST_LATENCY_BUCKETS)
+        self.queue_time = histogram(
+            "request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", REQUEST_LATENCY_BUCKETS
+        )
+        self.inference_time = histogram(
+            "request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.", REQUEST_LATENCY_BUCKETS
+        )
+        self.prefill_time = histogram(
+            "request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", REQUEST_LATENCY_BUCKETS
+        )
+        self.decode_time = histogram(
+            "request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", REQUEST_LATENCY_BUCKETS
+        )
+        self._cache_info = False
+
+    def log_engine_initialized(self) -> None:
+        """``cache_config_info``: a gauge fixed at 1 whose labels are the cache settings."""
+        cache = getattr(self.config, "cache", None)
+        if cache is None or self._cache_info:
+            return
+        info = {k: str(v) for k, v in dataclasses.asdict(cache).items()}
+        blocks = self.context.engine_info.get("num_gpu_blocks")
+        if blocks is not None:
+            info["num_gpu_blocks"] = str(blocks)
+        info["engine"] = str(self.engine_index)
+        gauge = Gauge(f"{self.prefix}:cache_config_info", "Information of the LLMEngine CacheConfig", list(info), registry=self.registry)
+        gauge.labels(**info).set(1)
+        self._cache_info = True
+
+    def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
+        s = scheduler_stats
+        if s is not None:
+            self.running.set(s.num_running_reqs)
+            self.waiting.set(s.num_waiting_reqs)
+            deferred = getattr(s, "num_waiting_deferred", 0)
+            self.waiting_by_reason["capacity"].set(s.num_waiting_reqs - deferred)
+            self.waiting_by_reason["deferred"].set(deferred)
+            self.kv_usage.set(s.kv_cache_usage)
+            self.prefix_hit_rate.set(s.prefix_cache_hits / s.prefix_cache_queries if s.prefix_cache_queries else 0.0)
+        it = iteration_stats
+        if it is None:
+            return
+        self.in_flight.set(it.num_requests_in_flight)
+        if it.prefix_cache_queries:
+            self.prefix_queries.inc(it.prefix_cache_queries)
+        if it.prefix_cache_hits:
+            self.prefix_hits.inc(it.prefix_cache_hits)
+        if it.num_preemptions:
+            self.preemptions.inc(it.num_preemptions)
+        tokens = it.num_prompt_tokens + it.num_generation_tokens
+        if tokens:
+            self.prompt_tokens.inc(it.num_prompt_tokens)
+            self.generation_tokens.inc(it.num_generation_tokens)
+            self.iteration_tokens.observe(tokens)
+        for value in it.time_to_first_tokens:
+            self.ttft.observe(value)
+        for value in it.inter_token_latencies:
+            self.itl.observe(value)
+        for req in it.finished_requests:
+            for reason in req.finish_reasons:
+                counter = self.success.get(reason)
+                if counter is None:
+                    counter = self.success[reason] = self._success_base.labels(*self._values, reason)
+                counter.inc()
+            self.e2e.observe(req.e2e_latency)
+            self.queue_time.observe(req.queued_time)
+            self.prefill_time.observe(req.prefill_time)
+            self.decode_time.observe(req.decode_time)
+            self.inference_time.observe(req.inference_time)
+            self.req_tpot.observe(req.mean_time_per_output_token)
+            self.req_prompt_tokens.observe(req.num_prompt_tokens)
+            self.req_generation_tokens.observe(req.num_generation_tokens)
+            self.req_max_generation_tokens.observe(req.max_num_generation_tokens)
+            self.req_prefill_kv_computed.observe(max(req.num_prompt_tokens - max(req.num_cached_tokens, 0), 0))
+            self.req_n.observe(req.n)
+            self.req_preemptions.observe(req.num_preemptions)
+            if req.max_tokens:
+                self.req_max_tokens.observe(req.max_tokens)
