@@ -1,6 +1,9 @@
 """OpenAI request bodies (pydantic) and their translation to :class:`SamplingParams`.
 
-Unknown fields are ignored, as OpenAI clients send more than we use. The vLLM extensions
+Unknown fields are ignored, as OpenAI clients send more than we use, but the fields we read are
+strict about types (``"max_tokens": "10"`` or ``"stream": "yes"`` is a 400, not coerced; an
+integer is accepted where a number is), and no string anywhere in a body may hold a lone UTF-16
+surrogate (``"\\ud800"``: valid JSON, but not Unicode text a tokenizer can read). The vLLM extensions
 (``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``, ``ignore_eos``,
 ``stop_token_ids``, ``structured_outputs``, ``prompt_logprobs``, ...) travel in the body too
 (the OpenAI client's ``extra_body``).
@@ -10,25 +13,66 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from host.sdk.sampling_params import SamplingParams, StructuredOutputsParams
 
+_INT64 = 2**63  # priority crosses to the engine as a 64-bit integer
+
+
+def _surrogate_path(body: Any) -> str | None:
+    """The dotted path of the first string in ``body`` (parsed JSON) holding a lone surrogate,
+    or ``None``. Iterative, so a large body costs one pass and no recursion."""
+    stack: list[tuple[str, Any]] = [("", body)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            if not value.isascii():
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError:
+                    return path or "body"
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                stack.append((f"{path}.{key}" if path else str(key), item))
+                if isinstance(key, str):
+                    stack.append((f"{path}.{key} (key)" if path else f"{key} (key)", key))
+        elif isinstance(value, list):
+            stack.extend((f"{path}.{i}" if path else str(i), item) for i, item in enumerate(value))
+    return None
+
+
+class _Body(BaseModel):
+    """A request body: strict types on the fields read, unknown fields ignored, valid Unicode."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_lone_surrogates(cls, data: Any) -> Any:
+        bad = _surrogate_path(data)
+        if bad is not None:
+            raise ValueError(
+                f"{bad} holds a lone UTF-16 surrogate (such as \\ud800), which is not valid Unicode text; "
+                "send well-formed UTF-8"
+            )
+        return data
+
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     include_usage: bool = False
 
 
 class JsonSchemaFormat(BaseModel):
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, strict=True)
     name: Optional[str] = None
     json_schema: Optional[dict[str, Any]] = Field(default=None, alias="schema")
     strict: Optional[bool] = None
 
 
 class ResponseFormat(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     type: Literal["text", "json_object", "json_schema"]
     json_schema: Optional[JsonSchemaFormat] = None
 
@@ -36,7 +80,7 @@ class ResponseFormat(BaseModel):
 class StructuredOutputsBody(BaseModel):
     """``structured_outputs`` as the body gives it (unknown keys are an error)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     json_: Optional[Union[dict[str, Any], str]] = Field(default=None, alias="json")
     json_object: Optional[bool] = None
     regex: Optional[str] = None
@@ -49,10 +93,8 @@ class StructuredOutputsBody(BaseModel):
         )
 
 
-class _SamplingFields(BaseModel):
+class _SamplingFields(_Body):
     """Fields shared by completions and chat completions."""
-
-    model_config = ConfigDict(extra="ignore")
 
     model: Optional[str] = None
     n: int = 1
@@ -83,7 +125,7 @@ class _SamplingFields(BaseModel):
     guided_regex: Optional[str] = None
     guided_choice: Optional[list[str]] = None
     guided_grammar: Optional[str] = None
-    priority: int = 0
+    priority: int = Field(0, ge=-_INT64, le=_INT64 - 1)
     user: Optional[str] = None
 
     def structured(self) -> StructuredOutputsParams | None:
@@ -154,8 +196,7 @@ class ChatCompletionRequest(_SamplingFields):
     chat_template_kwargs: Optional[dict[str, Any]] = None
 
 
-class TokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class TokenizeRequest(_Body):
     model: Optional[str] = None
     prompt: Optional[str] = None
     messages: Optional[list[dict[str, Any]]] = None
@@ -163,7 +204,6 @@ class TokenizeRequest(BaseModel):
     add_generation_prompt: bool = True
 
 
-class DetokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class DetokenizeRequest(_Body):
     model: Optional[str] = None
     tokens: list[int]
