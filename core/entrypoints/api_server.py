@@ -41,6 +41,7 @@ class ServerSettings:
     shutdown_timeout: float = 30.0  # a drain's wait for in-flight requests (host.core.entrypoints.drain)
     exit_on_engine_death: bool = False  # stop the server (exit code 1) once the engine process is gone
     engine_heartbeat_timeout: float = 30.0  # /health is 503 when the engine was silent this long
+    max_sequences_per_request: int = 256  # prompts x n of one request (--max-sequences-per-request)
     # stat loggers (host.core.frontend.stat_loggers): --stat-loggers NAME[:ARG], the metric names'
     # prefix (host: or vllm:), the periodic log line's interval and its switch
     stat_loggers: list[str] = field(default_factory=list)

@@ -97,6 +97,33 @@ def _params(body: Any, max_tokens: int | None, logprobs: int | None, default_max
         raise APIError(400, str(exc)) from None
 
 
+def _check_sequences(raw: Request, prompts: int, n: Any) -> None:
+    """At most ``--max-sequences-per-request`` sequences (prompts x ``n``) per request, checked
+    before any prompt is tokenized."""
+    limit = getattr(raw.app.state.settings, "max_sequences_per_request", 256)
+    if isinstance(n, int) and prompts * n > limit:
+        raise APIError(
+            400,
+            f"this request asks for {prompts} prompt(s) x n={n} = {prompts * n} sequences; this server allows at most "
+            f"{limit} per request (--max-sequences-per-request): send fewer prompts or a smaller n",
+            param="n",
+        )
+
+
+async def _gather_all_or_cancel(awaitables: list[Any]) -> list[Any]:
+    """Every result in order; on the first failure the others are cancelled (which aborts
+    their requests in the engine) before the error propagates, so nothing runs on unasked."""
+    tasks = [asyncio.ensure_future(a) for a in awaitables]
+    try:
+        return await asyncio.gather(*tasks)
+    finally:
+        pending = [t for t in tasks if not t.done()]
+        for t in pending:
+            t.cancel()
+        if pending:
+            await asyncio.wait(pending)
+
+
 class _Choice:
     """Streaming cursor of one choice: what was already sent."""
 
@@ -136,6 +163,8 @@ async def create_completion(body: CompletionRequest, raw: Request) -> Any:
     if body.echo:
         raise APIError(400, "echo is not supported", param="echo")
     tokenizer = engine.tokenizer
+    flat = isinstance(body.prompt, str) or all(isinstance(t, int) for t in body.prompt)
+    _check_sequences(raw, 1 if flat else len(body.prompt), body.n)
     prompts = _completion_prompts(body.prompt, tokenizer)
     params = _params(body, body.max_tokens, body.logprobs, 16)
     for _, ids in prompts:
@@ -152,7 +181,7 @@ async def create_completion(body: CompletionRequest, raw: Request) -> Any:
             _stream_completion(gens, request_id, created, model, params.n, include_usage, tokenizer),
             media_type="text/event-stream",
         )
-    results = await asyncio.gather(*(run_to_end(raw, g) for g in gens))
+    results = await _gather_all_or_cancel([run_to_end(raw, g) for g in gens])
     choices = []
     for index, comp in sorted(_merge(results, params.n), key=lambda x: x[0]):
         choice = {
@@ -322,6 +351,7 @@ def render_chat(tokenizer: Any, body: ChatCompletionRequest) -> tuple[str, list[
 async def create_chat_completion(body: ChatCompletionRequest, raw: Request) -> Any:
     engine = engine_of(raw)
     model = check_model(raw, body.model)
+    _check_sequences(raw, 1, body.n)
     tokenizer = engine.tokenizer
     text, ids = render_chat(tokenizer, body)
     top = body.top_logprobs or 0

@@ -34,6 +34,9 @@ def serve_cmd(
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="HOST_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1 routes."),
     served_model_name: Optional[list[str]] = typer.Option(None, "--served-model-name", help="Name(s) clients use for the model (repeat for aliases)."),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn / host log level."),
+    max_sequences_per_request: int = typer.Option(
+        256, "--max-sequences-per-request", min=1, help="Most sequences (prompts x n) one request may ask for; 400 beyond."
+    ),
     shutdown_timeout: float = typer.Option(
         30.0, "--shutdown-timeout", min=0, help="On SIGTERM or POST /drain: seconds in-flight requests get to finish before they are aborted."
     ),
@@ -75,6 +78,7 @@ def serve_cmd(
             served_model_names=list(served_model_name or []),
             log_level=log_level,
             engine_kwargs=engine_kwargs,
+            max_sequences_per_request=max_sequences_per_request,
             shutdown_timeout=shutdown_timeout,
             exit_on_engine_death=exit_on_engine_death,
             engine_heartbeat_timeout=engine_heartbeat_timeout,
@@ -104,6 +108,7 @@ def run_server(
     served_model_names: list[str],
     log_level: str,
     engine_kwargs: dict[str, Any],
+    max_sequences_per_request: int = 256,
     shutdown_timeout: float = 30.0,
     exit_on_engine_death: bool = True,
     engine_heartbeat_timeout: float = 30.0,
@@ -125,7 +130,7 @@ def run_server(
     plugin_host.bootstrap("api")
     config = EngineArgs.from_kwargs(model=model, served_model_name=(served_model_names or [None])[0], **engine_kwargs).create_engine_config()
     app = build_app(config, ServerSettings(
-        served_model_names=served_model_names, api_key=api_key,
+        served_model_names=served_model_names, api_key=api_key, max_sequences_per_request=max_sequences_per_request,
         shutdown_timeout=shutdown_timeout, exit_on_engine_death=exit_on_engine_death, engine_heartbeat_timeout=engine_heartbeat_timeout,
         **(stat_settings or {}),
     ), plugin_host)
