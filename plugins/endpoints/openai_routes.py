@@ -66,7 +66,8 @@ def _chat_logprobs(comp: Any, start: int, end: int, top: int, tokenizer: Any) ->
     content = []
     for tok, pos in zip(comp.token_ids[start:end], comp.logprobs[start:end]):
         text = _token_str(pos.get(tok), tok, tokenizer)
-        ranked = sorted(pos.items(), key=lambda kv: -kv[1].logprob)[:top]
+        ranked = sorted(pos.items(), key=lambda kv: -kv[1].logprob)
+        ranked = ranked if top < 0 else ranked[:top]  # -1 (allowed by --max-logprobs -1): all
         content.append({
             "token": text,
             "logprob": pos[tok].logprob,

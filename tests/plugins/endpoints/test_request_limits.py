@@ -124,12 +124,15 @@ def test_n16_with_a_huge_seed_is_a_400_and_leaves_nothing_running(client, model,
                                         '"allowed_token_ids": [18446744073709551616]',
                                         '"logit_bias": {"18446744073709551616": 1}',
                                         '"n": 18446744073709551616',
-                                        '"max_tokens": 18446744073709551616'])
+                                        '"max_tokens": 18446744073709551616',
+                                        '"prompt": [1, 18446744073709551616]'])
 def test_huge_token_ids_and_counts_are_a_400(server, model, field_body):
     response = _raw(server, "/v1/completions", f'{{"model": "{model}", "prompt": "Hi", {field_body}}}')
     assert response.status_code == 400, response.text
     name = field_body.split('"')[1]
-    assert name in response.json()["error"]["message"]
+    assert name in response.json()["error"]["message"] + (response.json()["error"]["param"] or "")
+    response = _raw(server, "/detokenize", '{"tokens": [1, 18446744073709551616]}')
+    assert response.status_code == 400 and "tokens" in response.json()["error"]["param"], response.text
 
 
 # -- logprobs ------------------------------------------------------------------------------------
