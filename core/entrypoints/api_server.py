@@ -1,8 +1,10 @@
 """The HTTP server: a FastAPI app assembled from endpoint plugins, in front of an engine-core
 process.
 
-The core owns only the frame: error handling (every error is an OpenAI-style body), bearer
-auth on ``/v1`` routes, the engine's life cycle and the app state. Every route — the OpenAI
+The core owns only the frame: error handling (every error is an OpenAI-style body; a 500 says
+only "internal error" and a request id, the detail is logged), the middlewares of
+``core/entrypoints/middleware.py`` (bearer auth on every route but liveness, version, metrics and
+the API description; the request-body limit), the engine's life cycle and the app state. Every route — the OpenAI
 API included — comes from an :class:`host.sdk.EndpointPlugin` in the ``host.endpoints``
 registry. A plugin whose ``required_tasks`` the model does not support is skipped with an INFO
 line; two plugins claiming the same method and path are a start-up error naming both.
@@ -24,11 +26,13 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from host.core.entrypoints.drain import Drain, DrainMiddleware
+from host.core.entrypoints.middleware import ApiKeyMiddleware, BodyLimitMiddleware, InternalErrorMiddleware
 from host.sdk.errors import error_body
 
 logger = logging.getLogger("host.api")
 
 MODEL_TASKS = ("generate",)  # what the decoder-only models we load support
+DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
 
 
 @dataclass
@@ -38,6 +42,8 @@ class ServerSettings:
     served_model_names: list[str] = field(default_factory=list)
     api_key: str | None = None
     model_tasks: tuple[str, ...] = MODEL_TASKS
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # --max-request-bytes: a larger body is a 413
+    trust_request_chat_template: bool = False  # --trust-request-chat-template: allow chat_template_kwargs.chat_template
     shutdown_timeout: float = 30.0  # a drain's wait for in-flight requests (host.core.entrypoints.drain)
     exit_on_engine_death: bool = False  # stop the server (exit code 1) once the engine process is gone
     engine_heartbeat_timeout: float = 30.0  # /health is 503 when the engine was silent this long
@@ -158,19 +164,12 @@ def build_app(config: Any, settings: ServerSettings, plugin_host: Any, engine: A
     async def engine_dead(_: Request, exc: EngineDeadError) -> JSONResponse:
         return _error(503, f"the engine is not running: {exc}", "ServiceUnavailableError")
 
-    @app.exception_handler(Exception)
-    async def internal(_: Request, exc: Exception) -> JSONResponse:
-        logger.exception("internal error")
-        return _error(500, f"internal error: {type(exc).__name__}: {exc}", "InternalServerError")
-
+    # outermost last: the key is checked first, then the body's size, then what escaped every handler
+    app.add_middleware(InternalErrorMiddleware)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
     if settings.api_key:
-        expected = f"Bearer {settings.api_key}"
-
-        @app.middleware("http")
-        async def require_key(request: Request, call_next: Any) -> Any:
-            if request.url.path.startswith("/v1") and request.headers.get("authorization") != expected:
-                return _error(401, "missing or wrong API key: send 'Authorization: Bearer <key>'", "AuthenticationError")
-            return await call_next(request)
+        app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
 
     for plugin in endpoints:
         plugin.attach_router(app)
@@ -205,6 +204,35 @@ async def _exit_on_engine_death(state: Any) -> None:
         await asyncio.sleep(0.2)
     logger.error("the engine process is gone (%s): the server exits (--exit-on-engine-death)", state.engine.dead_reason)
     state.drain.exit(1)
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's schema, saying what the server sends: a bad body is a 400 with the OpenAI error
+    body (FastAPI would document a 422 with its own validation shape)."""
+    if app.openapi_schema is None:
+        from fastapi.openapi.utils import get_openapi
+
+        schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        error_ref = {"$ref": "#/components/schemas/ErrorResponse"}
+        for operations in schema.get("paths", {}).values():
+            for operation in operations.values():
+                responses = operation.get("responses", {})
+                if responses.pop("422", None) is not None:
+                    responses["400"] = {"description": "Bad request", "content": {"application/json": {"schema": error_ref}}}
+        schemas = schema.setdefault("components", {}).setdefault("schemas", {})
+        schemas.pop("HTTPValidationError", None)
+        schemas.pop("ValidationError", None)
+        schemas["ErrorResponse"] = {
+            "title": "ErrorResponse",
+            "type": "object",
+            "required": ["error"],
+            "properties": {"error": {"type": "object", "required": ["message", "type"], "properties": {
+                "message": {"type": "string"}, "type": {"type": "string"},
+                "param": {"anyOf": [{"type": "string"}, {"type": "null"}]}, "code": {},
+            }}},
+        }
+        app.openapi_schema = schema
+    return app.openapi_schema
 
 
 def _version() -> str:

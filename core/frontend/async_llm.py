@@ -13,6 +13,7 @@ request fails with :class:`EngineDeadError` and ``is_healthy`` turns false — n
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import uuid
 from typing import Any, AsyncIterator
@@ -108,9 +109,12 @@ class AsyncLLM:
         (a client that disconnected) aborts the request in the engine and frees its blocks."""
         if self.dead_reason is not None:
             raise EngineDeadError(self.dead_reason)
-        request = self.input_processor.process(
-            request_id or uuid.uuid4().hex, prompt_token_ids, params, priority=priority, whole_request_fits=True
+        process = functools.partial(
+            self.input_processor.process,
+            request_id or uuid.uuid4().hex, prompt_token_ids, params, priority=priority, whole_request_fits=True,
         )
+        # bad_words are tokenized here: CPU work that would stall the event loop, so a thread does it
+        request = await asyncio.to_thread(process) if params.bad_words else process()
         rid = request.request_id
         result, engine_requests = self.processor.add_request(request, prompt)
         timing = self.processor.timing(rid)

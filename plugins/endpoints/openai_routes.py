@@ -18,7 +18,8 @@ from typing import Any, AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from host.plugins.endpoints.common import SSE_DONE, check_model, engine_of, run_to_end, sse
+from host.plugins.endpoints.chat_template import apply_template
+from host.plugins.endpoints.common import SSE_DONE, check_counts, check_model, engine_of, off_loop, run_to_end, sse
 from host.plugins.endpoints.protocol import ChatCompletionRequest, CompletionRequest
 from host.sdk import APIError, EndpointPlugin
 
@@ -163,10 +164,11 @@ async def create_completion(body: CompletionRequest, raw: Request) -> Any:
         raise APIError(400, "suffix is not supported", param="suffix")
     if body.echo:
         raise APIError(400, "echo is not supported", param="echo")
+    check_counts(body)
     tokenizer = engine.tokenizer
     flat = isinstance(body.prompt, str) or all(isinstance(t, int) for t in body.prompt)
     _check_sequences(raw, 1 if flat else len(body.prompt), body.n)
-    prompts = _completion_prompts(body.prompt, tokenizer)
+    prompts = await off_loop(_completion_prompts, body.prompt, tokenizer)
     params = _params(body, body.max_tokens, body.logprobs, 16)
     for _, ids in prompts:
         try:
@@ -183,6 +185,11 @@ async def create_completion(body: CompletionRequest, raw: Request) -> Any:
             media_type="text/event-stream",
         )
     results = await _gather_all_or_cancel([run_to_end(raw, g) for g in gens])
+    return await off_loop(_completion_response, results, params, request_id, created, model, tokenizer)
+
+
+def _completion_response(results: list[Any], params: Any, request_id: str, created: int, model: str, tokenizer: Any) -> JSONResponse:
+    """The non-streaming body, logprobs included, serialised (in the worker pool)."""
     choices = []
     for index, comp in sorted(_merge(results, params.n), key=lambda x: x[0]):
         choice = {
@@ -328,24 +335,21 @@ def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def render_chat(tokenizer: Any, body: ChatCompletionRequest) -> tuple[str, list[int]]:
+def render_chat(tokenizer: Any, body: ChatCompletionRequest, settings: Any) -> tuple[str, list[int]]:
+    """The prompt text and ids of a chat request (CPU work: run it in the worker pool). A
+    template the request brought is refused or bounded as :mod:`.chat_template` describes."""
     if not body.messages:
         raise APIError(400, "messages must not be empty", param="messages")
-    messages = normalize_messages(body.messages)
-    kwargs = dict(body.chat_template_kwargs or {})
-    try:
-        text = tokenizer.apply_chat_template(
-            messages,
-            tools=body.tools,
-            tokenize=False,
-            add_generation_prompt=body.add_generation_prompt and not body.continue_final_message,
-            continue_final_message=body.continue_final_message,
-            **kwargs,
-        )
-    except APIError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - a template error is the request's fault
-        raise APIError(400, f"the chat template could not render these messages: {exc}", param="messages") from None
+    text = apply_template(
+        tokenizer,
+        normalize_messages(body.messages),
+        kwargs=dict(body.chat_template_kwargs or {}),
+        trusted=settings.trust_request_chat_template,
+        max_request_bytes=settings.max_request_bytes,
+        tools=body.tools,
+        add_generation_prompt=body.add_generation_prompt and not body.continue_final_message,
+        continue_final_message=body.continue_final_message,
+    )
     return text, tokenizer.encode(text, add_special_tokens=False)
 
 
@@ -353,8 +357,9 @@ async def create_chat_completion(body: ChatCompletionRequest, raw: Request) -> A
     engine = engine_of(raw)
     model = check_model(raw, body.model)
     _check_sequences(raw, 1, body.n)
+    check_counts(body)
     tokenizer = engine.tokenizer
-    text, ids = render_chat(tokenizer, body)
+    text, ids = await off_loop(render_chat, tokenizer, body, raw.app.state.settings)
     top = body.top_logprobs or 0
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs requires logprobs=true", param="top_logprobs")
@@ -372,6 +377,11 @@ async def create_chat_completion(body: ChatCompletionRequest, raw: Request) -> A
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return StreamingResponse(_stream_chat(gen, request_id, created, model, top, include_usage, tokenizer), media_type="text/event-stream")
     result = await run_to_end(raw, gen)
+    return await off_loop(_chat_response, result, request_id, created, model, top, tokenizer)
+
+
+def _chat_response(result: Any, request_id: str, created: int, model: str, top: int, tokenizer: Any) -> JSONResponse:
+    """The non-streaming body, logprobs included, serialised (in the worker pool)."""
     choices = [
         {
             "index": comp.index,

@@ -11,7 +11,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from host.plugins.endpoints.common import check_model, engine_of
+from host.plugins.endpoints.chat_template import apply_template
+from host.plugins.endpoints.common import check_counts, check_model, engine_of, off_loop
 from host.plugins.endpoints.openai_routes import normalize_messages
 from host.plugins.endpoints.protocol import DetokenizeRequest, TokenizeRequest
 from host.sdk import APIError, EndpointPlugin, error_response
@@ -42,7 +43,30 @@ class ModelsEndpoint(EndpointPlugin):
         return [("GET", "/v1/models")]
 
 
+def _tokenize(tok: Any, body: TokenizeRequest, max_model_len: int, max_request_bytes: int) -> JSONResponse:
+    """``/tokenize``'s answer (CPU work: runs in the worker pool)."""
+    if body.prompt is not None:
+        ids = tok.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+    else:
+        text = apply_template(
+            tok, normalize_messages(body.messages), kwargs={}, trusted=False, max_request_bytes=max_request_bytes,
+            add_generation_prompt=body.add_generation_prompt,
+        )
+        ids = tok.encode(text, add_special_tokens=False)
+    return JSONResponse({"count": len(ids), "max_model_len": max_model_len, "tokens": ids})
+
+
+def _detokenize(tok: Any, tokens: list[int], vocab: int) -> JSONResponse:
+    """``/detokenize``'s answer (CPU work: runs in the worker pool)."""
+    bad = [t for t in tokens if not 0 <= t < vocab]
+    if bad:
+        raise APIError(400, f"token ids outside the vocabulary [0, {vocab}): {bad[:5]}", param="tokens")
+    return JSONResponse({"prompt": tok.decode(tokens)})
+
+
 class TokenizeEndpoint(EndpointPlugin):
+    """``/tokenize`` and ``/detokenize``; the work runs off the event loop."""
+
     name = "tokenize"
 
     def attach_router(self, app: Any) -> None:
@@ -52,32 +76,17 @@ class TokenizeEndpoint(EndpointPlugin):
         async def tokenize(body: TokenizeRequest, raw: Request) -> JSONResponse:
             engine = engine_of(raw)
             check_model(raw, body.model)
-            tok = engine.tokenizer
             if (body.prompt is None) == (body.messages is None):
                 raise APIError(400, "give exactly one of prompt and messages", param="prompt")
-            if body.prompt is not None:
-                ids = tok.encode(body.prompt, add_special_tokens=body.add_special_tokens)
-            else:
-                try:
-                    text = tok.apply_chat_template(
-                        normalize_messages(body.messages), tokenize=False, add_generation_prompt=body.add_generation_prompt
-                    )
-                except APIError:
-                    raise
-                except Exception as exc:  # noqa: BLE001
-                    raise APIError(400, f"the chat template could not render these messages: {exc}", param="messages") from None
-                ids = tok.encode(text, add_special_tokens=False)
-            return JSONResponse({"count": len(ids), "max_model_len": raw.app.state.max_model_len, "tokens": ids})
+            check_counts(body)
+            state = raw.app.state
+            return await off_loop(_tokenize, engine.tokenizer, body, state.max_model_len, state.settings.max_request_bytes)
 
         @router.post("/detokenize", summary="Turn token ids back into text")
         async def detokenize(body: DetokenizeRequest, raw: Request) -> JSONResponse:
             engine = engine_of(raw)
             check_model(raw, body.model)
-            vocab = engine.config.model.hf_config.vocab_size
-            bad = [t for t in body.tokens if not 0 <= t < vocab]
-            if bad:
-                raise APIError(400, f"token ids outside the vocabulary [0, {vocab}): {bad[:5]}", param="tokens")
-            return JSONResponse({"prompt": engine.tokenizer.decode(body.tokens)})
+            return await off_loop(_detokenize, engine.tokenizer, body.tokens, engine.config.model.hf_config.vocab_size)
 
         app.include_router(router)
 

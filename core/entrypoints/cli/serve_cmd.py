@@ -31,9 +31,16 @@ def serve_cmd(
     model: Optional[str] = typer.Argument(None, help="HF model directory or .gguf file (default: SmolLM2-135M-Instruct)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
     port: int = typer.Option(8000, "--port", help="Port to listen on."),
-    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="HOST_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1 routes."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="HOST_API_KEY", help="Require 'Authorization: Bearer KEY' on every route but /health, /version, /metrics and the API docs."),
     served_model_name: Optional[list[str]] = typer.Option(None, "--served-model-name", help="Name(s) clients use for the model (repeat for aliases)."),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn / host log level."),
+    max_request_bytes: int = typer.Option(
+        8 * 1024 * 1024, "--max-request-bytes", min=1, help="Largest request body in bytes; a larger one is refused with 413."
+    ),
+    trust_request_chat_template: bool = typer.Option(
+        False, "--trust-request-chat-template/--no-trust-request-chat-template",
+        help="Let requests bring their own Jinja chat template (chat_template_kwargs.chat_template); rendered sandboxed and time-bounded.",
+    ),
     max_sequences_per_request: int = typer.Option(
         256, "--max-sequences-per-request", min=1, help="Most sequences (prompts x n) one request may ask for; 400 beyond."
     ),
@@ -78,6 +85,8 @@ def serve_cmd(
             served_model_names=list(served_model_name or []),
             log_level=log_level,
             engine_kwargs=engine_kwargs,
+            max_request_bytes=max_request_bytes,
+            trust_request_chat_template=trust_request_chat_template,
             max_sequences_per_request=max_sequences_per_request,
             shutdown_timeout=shutdown_timeout,
             exit_on_engine_death=exit_on_engine_death,
@@ -108,6 +117,8 @@ def run_server(
     served_model_names: list[str],
     log_level: str,
     engine_kwargs: dict[str, Any],
+    max_request_bytes: int = 8 * 1024 * 1024,
+    trust_request_chat_template: bool = False,
     max_sequences_per_request: int = 256,
     shutdown_timeout: float = 30.0,
     exit_on_engine_death: bool = True,
@@ -131,6 +142,7 @@ def run_server(
     config = EngineArgs.from_kwargs(model=model, served_model_name=(served_model_names or [None])[0], **engine_kwargs).create_engine_config()
     app = build_app(config, ServerSettings(
         served_model_names=served_model_names, api_key=api_key, max_sequences_per_request=max_sequences_per_request,
+        max_request_bytes=max_request_bytes, trust_request_chat_template=trust_request_chat_template,
         shutdown_timeout=shutdown_timeout, exit_on_engine_death=exit_on_engine_death, engine_heartbeat_timeout=engine_heartbeat_timeout,
         **(stat_settings or {}),
     ), plugin_host)
@@ -153,7 +165,7 @@ def run_server(
             f"  plugins (api process {os.getpid()}): {_describe_plugins(api_plugins)}",
             f"  plugins (engine process {info.get('pid')}): {_describe_plugins(engine_plugins)}",
             f"  routes from: {', '.join(app.state.endpoints)}",
-            f"  listening on http://{host}:{port}" + ("  (API key required on /v1)" if api_key else ""),
+            f"  listening on http://{host}:{port}" + ("  (API key required)" if api_key else ""),
         ]
         print("\n".join(lines), file=sys.stderr, flush=True)
 
