@@ -20,6 +20,9 @@ SUMMARY = "metrics sinks"
 def host_register_stat_loggers(register: Callable[..., None]) -> None:
     """Offer :class:`host.sdk.StatLogger` subclasses.
 
-    Call ``register(logger_class)``. The host instantiates each once per engine and calls
-    ``record(...)`` after every engine step and ``log()`` periodically.
+    Call ``register(logger_class)``; ``logger_class.name`` is the key ``--stat-loggers``
+    selects it by. The API server creates each selected logger once per engine, as
+    ``logger_class(context, arg)``, and calls ``record(scheduler_stats, iteration_stats)`` after
+    every engine step, ``log()`` every ``--log-stats-interval`` seconds and ``shutdown()`` at
+    exit (see :mod:`host.sdk.stat_logger`).
     """

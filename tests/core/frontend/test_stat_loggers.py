@@ -13,8 +13,11 @@ from host.core.engine.protocol import (
     EVENT_SCHEDULED,
     EngineCoreEvent,
     EngineCoreOutput,
+    EngineCoreOutputs,
     EngineCoreRequest,
     SchedulerStats,
+    encoder,
+    from_engine_decoder,
 )
 from host.core.frontend.output_processor import OutputProcessor
 from host.core.frontend.stat_loggers import StatLoggerManager, finished_stats, parse_stat_logger_specs, select_stat_loggers
@@ -155,3 +158,14 @@ def test_a_failing_logger_is_logged_once_and_the_others_still_record(caplog):
     assert len(manager.loggers[1].records) == 3
     failures = [r for r in caplog.records if "stat logger 'broken' failed in record()" in r.getMessage()]
     assert len(failures) == 1
+
+
+def test_events_and_deferred_count_survive_the_wire():
+    msg = EngineCoreOutputs(
+        outputs=[EngineCoreOutput("a", [1], events=[EngineCoreEvent(EVENT_QUEUED, 1.5), EngineCoreEvent(EVENT_SCHEDULED, 2.0)])],
+        scheduler_stats=SchedulerStats(num_waiting_reqs=3, num_waiting_deferred=1),
+    )
+    back = from_engine_decoder.decode(encoder.encode(msg))
+    assert back.outputs[0].events == [EngineCoreEvent(EVENT_QUEUED, 1.5), EngineCoreEvent(EVENT_SCHEDULED, 2.0)]
+    assert back.scheduler_stats.num_waiting_deferred == 1
+    assert from_engine_decoder.decode(encoder.encode(EngineCoreOutputs(outputs=[EngineCoreOutput("b", [2])]))).outputs[0].events is None
