@@ -123,3 +123,25 @@ def test_drain_timeout_aborts_streams_with_a_clean_last_chunk(tmp_path, trigger)
         log = server.log()
         assert f"aborted {count} request(s)" in log
         assert "aclose()" not in log and "Traceback" not in log
+
+
+def test_a_stream_cancelled_mid_flight_closes_without_an_internal_error(tmp_path):
+    """The root of the "aclose(): asynchronous generator is already running" error: a stream
+    cancelled while its generator was suspended (a disconnect, or the server cancelling it)."""
+    with run_server(tmp_path) as server:
+        body = {"prompt": ["One:", "Two:"], "max_tokens": 900, "stream": True, "ignore_eos": True}
+        with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as r:
+            lines = r.iter_lines()
+            assert next(line for line in lines if line).startswith("data: {")
+        deadline = time.monotonic() + 10
+        metrics = ""
+        while time.monotonic() < deadline:
+            metrics = httpx.get(f"{server.url}/metrics").text
+            running = [ln for ln in metrics.splitlines() if ln.startswith(("host:num_requests_running", "vllm:num_requests_running"))]
+            if running and all(ln.endswith(" 0.0") for ln in running):
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail(f"the cancelled stream's requests kept running:\n{metrics[:2000]}")
+        log = server.log()
+        assert "aclose()" not in log and "already running" not in log
