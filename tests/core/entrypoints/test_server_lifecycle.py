@@ -54,7 +54,8 @@ def test_engine_death_exits_the_server_after_failing_requests(tmp_path):
 
 
 def test_sigkill_of_the_api_process_takes_the_engine_down(tmp_path):
-    with run_server(tmp_path) as server:
+    # TMPDIR: a SIGKILLed API process cannot remove its host-ipc-* directory; keep it in tmp_path
+    with run_server(tmp_path, TMPDIR=str(tmp_path)) as server:
         engine_pid = _engine_pid(server)
         server.proc.send_signal(signal.SIGKILL)
         server.proc.wait(10)
