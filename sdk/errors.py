@@ -15,15 +15,20 @@ if TYPE_CHECKING:
 
 
 class APIError(Exception):
-    """An error with an HTTP status and an OpenAI-style body; ``code`` defaults to the status."""
+    """An error with an HTTP status and an OpenAI-style body; ``code`` defaults to the status
+    and ``headers`` are sent with the response."""
 
-    def __init__(self, status: int, message: str, type_: str = "BadRequestError", param: str | None = None, code: Any = None) -> None:
+    def __init__(
+        self, status: int, message: str, type_: str = "BadRequestError", param: str | None = None, code: Any = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.type = type_
         self.param = param
         self.code = code if code is not None else status
+        self.headers = headers  # extra response headers, e.g. Retry-After on a 429
 
 
 def error_body(message: str, type_: str, param: str | None, code: Any) -> dict[str, Any]:

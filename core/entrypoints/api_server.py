@@ -48,6 +48,7 @@ class ServerSettings:
     exit_on_engine_death: bool = False  # stop the server (exit code 1) once the engine process is gone
     engine_heartbeat_timeout: float = 30.0  # /health is 503 when the engine was silent this long
     max_sequences_per_request: int = 256  # prompts x n of one request (--max-sequences-per-request)
+    max_queued_requests: int | None = None  # prompts waiting for their first token before a 429 (--max-queued-requests)
     # stat loggers (host.core.frontend.stat_loggers): --stat-loggers NAME[:ARG], the metric names'
     # prefix (host: or vllm:), the periodic log line's interval and its switch
     stat_loggers: list[str] = field(default_factory=list)
@@ -113,6 +114,7 @@ def build_app(config: Any, settings: ServerSettings, plugin_host: Any, engine: A
         if state.engine is not None:
             state.stat_context.engine_info.update(state.engine.engine_info)
             state.engine.stat_loggers = state.stat_loggers
+            state.engine.max_queued_requests = settings.max_queued_requests
             state.stat_loggers.start()
         state.drain.engine = state.engine
         watch = asyncio.create_task(_exit_on_engine_death(state)) if settings.exit_on_engine_death and state.engine is not None else None
@@ -144,7 +146,7 @@ def build_app(config: Any, settings: ServerSettings, plugin_host: Any, engine: A
 
     @app.exception_handler(APIError)
     async def api_error(_: Request, exc: APIError) -> JSONResponse:
-        return JSONResponse(error_body(exc.message, exc.type, exc.param, exc.code), status_code=exc.status)
+        return JSONResponse(error_body(exc.message, exc.type, exc.param, exc.code), status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(_: Request, exc: RequestValidationError) -> JSONResponse:

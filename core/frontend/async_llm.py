@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 import uuid
 from typing import Any, AsyncIterator
 
@@ -24,6 +25,7 @@ from host.core.frontend.input_processor import InputProcessor
 from host.core.frontend.output_processor import OutputProcessor, ProcessedOutputs, RequestOutput, RequestTiming
 from host.core.frontend.stat_loggers import StatLoggerManager
 from host.core.sampling_params import SamplingParams
+from host.sdk.errors import APIError
 
 logger = logging.getLogger("host.async_llm")
 
@@ -51,6 +53,7 @@ class AsyncLLM:
         self.processor = OutputProcessor(tokenizer)
         self._streams: dict[str, _Stream] = {}  # prompt request id -> its stream
         self.stats = SchedulerStats()
+        self.max_queued_requests: int | None = None  # set by the server (--max-queued-requests)
         # set by the server: fed after every engine step (host.core.frontend.stat_loggers)
         self.stat_loggers: StatLoggerManager | None = None
         self._output_task = asyncio.create_task(self._output_loop())
@@ -97,6 +100,22 @@ class AsyncLLM:
         """Raise ``ValueError`` (HTTP 400) for what the engine would refuse."""
         self.input_processor.validate(prompt_token_ids, params, whole_request_fits=True)
 
+    def num_queued(self) -> int:
+        """Prompts admitted here that have not produced a token yet (waiting in the engine's
+        queue, or in their first prefill)."""
+        return sum(1 for s in self._streams.values() if s.result is not None and not any(c.token_ids for c in s.result.outputs))
+
+    def admit(self) -> None:
+        """Raise :class:`~host.sdk.APIError` 429 (with ``Retry-After``) when
+        ``max_queued_requests`` prompts already wait for their first token. Routes call it before
+        they answer, so a stream is refused with a status, not mid-body."""
+        limit = self.max_queued_requests
+        if limit is not None and self.num_queued() >= limit:
+            raise APIError(
+                429, f"the server's queue is full: {limit} requests wait for their first token "
+                "(--max-queued-requests); retry later", "RateLimitError", headers={"Retry-After": "1"},
+            )
+
     async def generate(
         self,
         prompt_token_ids: list[int],
@@ -104,11 +123,16 @@ class AsyncLLM:
         request_id: str | None = None,
         prompt: str | None = None,
         priority: int = 0,
+        deadline: float | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Stream snapshots of one prompt's result until it finishes. Cancelling the consumer
-        (a client that disconnected) aborts the request in the engine and frees its blocks."""
+        (a client that disconnected) aborts the request in the engine and frees its blocks.
+
+        ``deadline`` (``time.monotonic()`` seconds): when it passes, the request is aborted in
+        the engine and its last snapshot ends it with ``finish_reason="abort"``."""
         if self.dead_reason is not None:
             raise EngineDeadError(self.dead_reason)
+        self.admit()
         process = functools.partial(
             self.input_processor.process,
             request_id or uuid.uuid4().hex, prompt_token_ids, params, priority=priority, whole_request_fits=True,
@@ -132,7 +156,14 @@ class AsyncLLM:
             raise
         try:
             while True:
-                item = await stream.queue.get()
+                try:
+                    item = await (stream.queue.get() if deadline is None else
+                                  asyncio.wait_for(stream.queue.get(), max(0.0, deadline - time.monotonic())))
+                except TimeoutError:
+                    await self.abort(rid)  # its sequences end with "abort", its blocks are freed
+                    stream.finished = True
+                    yield result
+                    break
                 if isinstance(item, BaseException):
                     raise item
                 yield item

@@ -175,9 +175,14 @@ async def create_completion(body: CompletionRequest, raw: Request) -> Any:
             engine.validate(ids, params)
         except ValueError as exc:
             raise APIError(400, str(exc), param="prompt") from None
+    engine.admit()
     request_id = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
-    gens = [engine.generate(ids, params, f"{request_id}-{i}", prompt=text, priority=body.priority) for i, (text, ids) in enumerate(prompts)]
+    deadline = body.deadline()
+    gens = [
+        engine.generate(ids, params, f"{request_id}-{i}", prompt=text, priority=body.priority, deadline=deadline)
+        for i, (text, ids) in enumerate(prompts)
+    ]
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return StreamingResponse(
@@ -370,9 +375,10 @@ async def create_chat_completion(body: ChatCompletionRequest, raw: Request) -> A
         engine.validate(ids, params)
     except ValueError as exc:
         raise APIError(400, str(exc), param="messages") from None
+    engine.admit()
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
-    gen = engine.generate(ids, params, request_id, prompt=text, priority=body.priority)
+    gen = engine.generate(ids, params, request_id, prompt=text, priority=body.priority, deadline=body.deadline())
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return StreamingResponse(_stream_chat(gen, request_id, created, model, top, include_usage, tokenizer), media_type="text/event-stream")

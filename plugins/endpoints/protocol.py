@@ -11,6 +11,7 @@ surrogate (``"\\ud800"``: valid JSON, but not Unicode text a tokenizer can read)
 
 from __future__ import annotations
 
+import time
 from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -127,6 +128,11 @@ class _SamplingFields(_Body):
     guided_grammar: Optional[str] = None
     priority: int = Field(0, ge=-_INT64, le=_INT64 - 1)
     user: Optional[str] = None
+    # host's extension: seconds this request may run; then it ends with finish_reason "abort"
+    timeout: Optional[float] = Field(None, gt=0, le=86400.0)
+
+    def deadline(self) -> float | None:
+        return None if self.timeout is None else time.monotonic() + self.timeout
 
     def structured(self) -> StructuredOutputsParams | None:
         if self.structured_outputs is not None:

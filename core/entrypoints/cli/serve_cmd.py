@@ -44,6 +44,10 @@ def serve_cmd(
     max_sequences_per_request: int = typer.Option(
         256, "--max-sequences-per-request", min=1, help="Most sequences (prompts x n) one request may ask for; 400 beyond."
     ),
+    max_queued_requests: Optional[int] = typer.Option(
+        None, "--max-queued-requests", min=1,
+        help="Most requests waiting for their first token; more get 429 with Retry-After (default: no limit).",
+    ),
     shutdown_timeout: float = typer.Option(
         30.0, "--shutdown-timeout", min=0, help="On SIGTERM or POST /drain: seconds in-flight requests get to finish before they are aborted."
     ),
@@ -88,6 +92,7 @@ def serve_cmd(
             max_request_bytes=max_request_bytes,
             trust_request_chat_template=trust_request_chat_template,
             max_sequences_per_request=max_sequences_per_request,
+            max_queued_requests=max_queued_requests,
             shutdown_timeout=shutdown_timeout,
             exit_on_engine_death=exit_on_engine_death,
             engine_heartbeat_timeout=engine_heartbeat_timeout,
@@ -120,6 +125,7 @@ def run_server(
     max_request_bytes: int = 8 * 1024 * 1024,
     trust_request_chat_template: bool = False,
     max_sequences_per_request: int = 256,
+    max_queued_requests: int | None = None,
     shutdown_timeout: float = 30.0,
     exit_on_engine_death: bool = True,
     engine_heartbeat_timeout: float = 30.0,
@@ -142,7 +148,7 @@ def run_server(
     config = EngineArgs.from_kwargs(model=model, served_model_name=(served_model_names or [None])[0], **engine_kwargs).create_engine_config()
     app = build_app(config, ServerSettings(
         served_model_names=served_model_names, api_key=api_key, max_sequences_per_request=max_sequences_per_request,
-        max_request_bytes=max_request_bytes, trust_request_chat_template=trust_request_chat_template,
+        max_queued_requests=max_queued_requests, max_request_bytes=max_request_bytes, trust_request_chat_template=trust_request_chat_template,
         shutdown_timeout=shutdown_timeout, exit_on_engine_death=exit_on_engine_death, engine_heartbeat_timeout=engine_heartbeat_timeout,
         **(stat_settings or {}),
     ), plugin_host)
