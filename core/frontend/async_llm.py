@@ -100,6 +100,11 @@ class AsyncLLM:
         """Raise ``ValueError`` (HTTP 400) for what the engine would refuse."""
         self.input_processor.validate(prompt_token_ids, params, whole_request_fits=True)
 
+    def check_prompt_length(self, n: int) -> None:
+        """Raise ``ValueError`` (HTTP 400) when a prompt of ``n`` tokens is refused for its length
+        alone (callable from any thread)."""
+        self.input_processor.check_prompt_length(n, whole_request_fits=True)
+
     def num_queued(self) -> int:
         """Prompts admitted here that have not produced a token yet (waiting in the engine's
         queue, or in their first prefill)."""

@@ -100,6 +100,24 @@ class InputProcessor:
             raise ValueError(f"{what} has token ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
 
     # -- one request ----------------------------------------------------------------------------
+    def check_prompt_length(self, n: int, *, whole_request_fits: bool = False) -> None:
+        """Raise ``ValueError`` for a prompt of ``n`` tokens the engine would refuse for its length
+        alone (the first check of :meth:`validate`; the API server calls it with the count of a
+        large text before converting its ids to Python)."""
+        max_len = self.max_model_len
+        if n == 0:
+            raise ValueError("the prompt is empty; send at least one token")
+        if whole_request_fits and n >= max_len:
+            raise ValueError(
+                f"the prompt has {n} tokens but this server's max_model_len is {max_len}; "
+                "shorten the prompt (one position must remain for the output)"
+            )
+        if not whole_request_fits and n > max_len:
+            raise ValueError(
+                f"the prompt has {n} tokens, more than max_model_len={max_len}; "
+                "shorten the prompt or raise --max-model-len"
+            )
+
     def validate(self, prompt_token_ids: list[int], params: SamplingParams, *, whole_request_fits: bool = False) -> None:
         """Raise ``ValueError`` for what the engine would refuse or cannot run.
 
@@ -109,14 +127,8 @@ class InputProcessor:
         finish reason ``"length"``."""
         n = len(prompt_token_ids)
         max_len = self.max_model_len
-        if n == 0:
-            raise ValueError("the prompt is empty; send at least one token")
+        self.check_prompt_length(n, whole_request_fits=whole_request_fits)
         if whole_request_fits:
-            if n >= max_len:
-                raise ValueError(
-                    f"the prompt has {n} tokens but this server's max_model_len is {max_len}; "
-                    "shorten the prompt (one position must remain for the output)"
-                )
             if params.max_tokens is not None and n + params.max_tokens > max_len:
                 raise ValueError(
                     f"max_tokens={params.max_tokens} plus the prompt's {n} tokens exceeds max_model_len={max_len}; "
@@ -127,11 +139,6 @@ class InputProcessor:
                     f"n={params.n} exceeds this server's max_num_seqs={self.max_num_seqs}; the samples run side by side"
                 )
             self._check_vocab(prompt_token_ids, "the prompt")
-        elif n > max_len:
-            raise ValueError(
-                f"the prompt has {n} tokens, more than max_model_len={max_len}; "
-                "shorten the prompt or raise --max-model-len"
-            )
         params.verify(self.vocab_size)
         self._check_logprobs(params)
 

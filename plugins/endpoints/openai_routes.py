@@ -16,10 +16,21 @@ import uuid
 from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 
 from host.plugins.endpoints.chat_template import apply_template
-from host.plugins.endpoints.common import SSE_DONE, check_counts, check_model, engine_of, off_loop, run_to_end, sse
+from host.plugins.endpoints.common import (
+    SSE_DONE,
+    FastJSONResponse,
+    check_counts,
+    check_model,
+    encode_text,
+    engine_of,
+    off_loop,
+    run_to_end,
+    sse,
+    tokenizer_process,
+)
 from host.plugins.endpoints.protocol import ChatCompletionRequest, CompletionRequest
 from host.sdk import APIError, EndpointPlugin
 
@@ -139,7 +150,7 @@ class _Choice:
 # -- completions -------------------------------------------------------------------------------
 
 
-def _completion_prompts(prompt: Any, tokenizer: Any) -> list[tuple[str | None, list[int]]]:
+def _completion_prompts(prompt: Any, tokenizer: Any, check: Any, process: Any) -> list[tuple[str | None, list[int]]]:
     if isinstance(prompt, str):
         prompt = [prompt]
     if not isinstance(prompt, list) or not prompt:
@@ -149,7 +160,7 @@ def _completion_prompts(prompt: Any, tokenizer: Any) -> list[tuple[str | None, l
     out: list[tuple[str | None, list[int]]] = []
     for p in prompt:
         if isinstance(p, str):
-            out.append((p, tokenizer.encode(p)))
+            out.append((p, encode_text(tokenizer, p, check=check, process=process)))
         elif isinstance(p, list) and p and all(isinstance(t, int) for t in p):
             out.append((None, list(p)))
         else:
@@ -168,7 +179,7 @@ async def create_completion(body: CompletionRequest, raw: Request) -> Any:
     tokenizer = engine.tokenizer
     flat = isinstance(body.prompt, str) or all(isinstance(t, int) for t in body.prompt)
     _check_sequences(raw, 1 if flat else len(body.prompt), body.n)
-    prompts = await off_loop(_completion_prompts, body.prompt, tokenizer)
+    prompts = await off_loop(_completion_prompts, body.prompt, tokenizer, engine.check_prompt_length, tokenizer_process(raw))
     params = _params(body, body.max_tokens, body.logprobs, 16)
     for _, ids in prompts:
         try:
@@ -193,7 +204,7 @@ async def create_completion(body: CompletionRequest, raw: Request) -> Any:
     return await off_loop(_completion_response, results, params, request_id, created, model, tokenizer)
 
 
-def _completion_response(results: list[Any], params: Any, request_id: str, created: int, model: str, tokenizer: Any) -> JSONResponse:
+def _completion_response(results: list[Any], params: Any, request_id: str, created: int, model: str, tokenizer: Any) -> FastJSONResponse:
     """The non-streaming body, logprobs included, serialised (in the worker pool)."""
     choices = []
     for index, comp in sorted(_merge(results, params.n), key=lambda x: x[0]):
@@ -207,7 +218,7 @@ def _completion_response(results: list[Any], params: Any, request_id: str, creat
         if params.prompt_logprobs is not None:
             choice["prompt_logprobs"] = _prompt_logprobs(results[index // params.n])
         choices.append(choice)
-    return JSONResponse({
+    return FastJSONResponse({
         "id": request_id, "object": "text_completion", "created": created, "model": model,
         "choices": choices, "usage": _usage(results),
     })
@@ -340,7 +351,9 @@ def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def render_chat(tokenizer: Any, body: ChatCompletionRequest, settings: Any) -> tuple[str, list[int]]:
+def render_chat(
+    tokenizer: Any, body: ChatCompletionRequest, settings: Any, check: Any = None, process: Any = None,
+) -> tuple[str, list[int]]:
     """The prompt text and ids of a chat request (CPU work: run it in the worker pool). A
     template the request brought is refused or bounded as :mod:`.chat_template` describes."""
     if not body.messages:
@@ -355,7 +368,7 @@ def render_chat(tokenizer: Any, body: ChatCompletionRequest, settings: Any) -> t
         add_generation_prompt=body.add_generation_prompt and not body.continue_final_message,
         continue_final_message=body.continue_final_message,
     )
-    return text, tokenizer.encode(text, add_special_tokens=False)
+    return text, encode_text(tokenizer, text, add_special_tokens=False, check=check, param="messages", process=process)
 
 
 async def create_chat_completion(body: ChatCompletionRequest, raw: Request) -> Any:
@@ -364,7 +377,9 @@ async def create_chat_completion(body: ChatCompletionRequest, raw: Request) -> A
     _check_sequences(raw, 1, body.n)
     check_counts(body)
     tokenizer = engine.tokenizer
-    text, ids = await off_loop(render_chat, tokenizer, body, raw.app.state.settings)
+    text, ids = await off_loop(
+        render_chat, tokenizer, body, raw.app.state.settings, engine.check_prompt_length, tokenizer_process(raw),
+    )
     top = body.top_logprobs or 0
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs requires logprobs=true", param="top_logprobs")
@@ -386,7 +401,7 @@ async def create_chat_completion(body: ChatCompletionRequest, raw: Request) -> A
     return await off_loop(_chat_response, result, request_id, created, model, top, tokenizer)
 
 
-def _chat_response(result: Any, request_id: str, created: int, model: str, top: int, tokenizer: Any) -> JSONResponse:
+def _chat_response(result: Any, request_id: str, created: int, model: str, top: int, tokenizer: Any) -> FastJSONResponse:
     """The non-streaming body, logprobs included, serialised (in the worker pool)."""
     choices = [
         {
@@ -398,7 +413,7 @@ def _chat_response(result: Any, request_id: str, created: int, model: str, top: 
         }
         for comp in result.outputs
     ]
-    return JSONResponse({
+    return FastJSONResponse({
         "id": request_id, "object": "chat.completion", "created": created, "model": model,
         "choices": choices, "usage": _usage([result]),
     })

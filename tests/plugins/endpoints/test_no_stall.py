@@ -1,110 +1,73 @@
 """Issue 13, deliverable 5: the API process never stalls. While the largest requests the server
 accepts are processed — a /tokenize body near ``--max-request-bytes``, a chat message as large,
 the most ``bad_words`` and the most messages a request may carry — ``/health`` is polled from
-another connection; every poll must answer within 1 s (a generous bound on a stall; the target
-is 100 ms, and the worst latency is printed). Over the caps, the answer is a 400 naming the cap;
-over the body limit, a 413."""
+another process (``bench/api_stall.py``'s :func:`measure`, the same code the benchmark runs); every
+poll must answer within 1 s (a bound on a stall, not a speed claim: the benchmark reports the
+figure against the 100 ms target). Over the caps, the answer is a 400 naming the cap; over the body
+limit, a 413. A large text is tokenized by the child process exactly as the tokenizer would."""
 
 from __future__ import annotations
 
-import threading
-import time
+import importlib.util
+import json
 
 import httpx
 import openai
 import pytest
 
-from helpers import run_server
+from helpers import REPO, run_server
 
 BODY_LIMIT = 4 * 1024 * 1024  # --max-request-bytes for this server
-BIG_TEXT = "hello world, this is a long prompt. " * (3_500_000 // 36)  # ~3.5 MB: under the limit
 
 
-class HealthPoller:
-    """Polls /health every 20 ms on its own connection, recording the worst latency."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.worst = 0.0
-        self.phase = "idle"
-        self.worst_by_phase: dict[str, float] = {}
-        self.polls = 0
-        self.failures: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        with httpx.Client(base_url=self.url, timeout=60) as client:
-            while not self._stop.is_set():
-                start = time.perf_counter()
-                try:
-                    status = client.get("/health").status_code
-                    if status != 200:
-                        self.failures.append(f"status {status}")
-                except httpx.HTTPError as exc:
-                    self.failures.append(repr(exc))
-                took = time.perf_counter() - start
-                self.worst = max(self.worst, took)
-                self.worst_by_phase[self.phase] = max(self.worst_by_phase.get(self.phase, 0.0), took)
-                self.polls += 1
-                time.sleep(0.02)
-
-    def phase_start(self, index: int) -> float:
-        self.phase = f"request {index + 1}"
-        return time.perf_counter()
-
-    def __enter__(self) -> "HealthPoller":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(60)
+def _bench_measure():
+    spec = importlib.util.spec_from_file_location("api_stall", REPO / "bench" / "api_stall.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.measure
 
 
 def test_health_answers_while_the_largest_requests_run(tmp_path):
     with run_server(tmp_path, ["--served-model-name", "m", "--max-request-bytes", str(BODY_LIMIT)]) as server:
-        url = server.url
-        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=300)
-        timings = {}
-        with HealthPoller(url) as poller:
-            with httpx.Client(base_url=url, timeout=300) as http:
-                start = poller.phase_start(len(timings))
-                r = http.post("/tokenize", json={"prompt": BIG_TEXT})
-                timings["tokenize 3.5 MB"] = time.perf_counter() - start
-                assert r.status_code == 200 and r.json()["count"] > 500_000
+        result = _bench_measure()(server.url, BODY_LIMIT)
+        rows = {row["request"]: row for row in result["rows"]}
+        print("\n" + json.dumps(result["rows"], indent=1))
+        tokenized = rows["tokenize, body near the limit"]
+        assert tokenized["status"] == 200 and json.loads(tokenized["body"].split(',"tokens"')[0] + "}")["count"] > 500_000
+        chat = rows["chat, one message near the limit"]  # tokenized, then too long for the model
+        assert chat["status"] == 400 and "max_model_len" in chat["body"]
+        assert [row["status"] for row in result["rows"][2:]] == [200, 200, 200]
+        assert result["failed_polls"] == 0 and all(row["polls"] > 0 for row in result["rows"])
+        worst = max(row["worst_health_ms"] for row in result["rows"])
+        assert worst < 1000, f"/health took {worst} ms while a large request ran: {result['rows']}"
 
-                start = poller.phase_start(len(timings))
-                with pytest.raises(openai.BadRequestError) as err:  # tokenized, then too long for the model
-                    client.chat.completions.create(model="m", messages=[{"role": "user", "content": BIG_TEXT}], max_tokens=1)
-                timings["chat 3.5 MB message"] = time.perf_counter() - start
-                assert "max_model_len" in str(err.value)
 
-                start = poller.phase_start(len(timings))
-                words = [f"word{i}" for i in range(1000)]  # the cap
-                out = client.completions.create(model="m", prompt="Hi", max_tokens=2, extra_body={"bad_words": words})
-                timings["1,000 bad_words"] = time.perf_counter() - start
-                assert out.choices[0].finish_reason == "length"
+def test_large_texts_tokenize_in_the_child_exactly(tmp_path):
+    """The child process's ids (packed, and as JSON) equal the tokenizer's own, specials included."""
+    from host.core.models.default_model import default_model_path
+    from host.core.models.tokenizer import get_tokenizer
+    from host.plugins.endpoints.common import encode_text
+    from host.plugins.endpoints.tokenizer_process import LARGE_TEXT_CHARS, TokenizerProcess, ids_from_bytes
 
-                start = poller.phase_start(len(timings))
-                messages = [{"role": "user", "content": "hi"}] * 10_000  # the cap
-                r = http.post("/tokenize", json={"messages": messages})
-                timings["tokenize 10,000 messages"] = time.perf_counter() - start
-                assert r.status_code == 200 and r.json()["count"] > 10_000
-
-                start = poller.phase_start(len(timings))
-                r = http.post("/v1/completions", json={"prompt": "x " * 200, "logprobs": 5, "prompt_logprobs": 5,
-                                                       "max_tokens": 4, "n": 2})
-                timings["completion with logprobs"] = time.perf_counter() - start
-                assert r.status_code == 200 and len(r.json()["choices"]) == 2
-        print("\n" + "\n".join(
-            f"  {name}: {secs:.2f} s, worst /health meanwhile {poller.worst_by_phase.get(f'request {i + 1}', 0) * 1000:.0f} ms"
-            for i, (name, secs) in enumerate(timings.items())
-        ))
-        print(f"  /health: {poller.polls} polls, worst latency {poller.worst * 1000:.0f} ms")
-        assert not poller.failures, poller.failures[:3]
-        assert poller.polls > 10
-        assert poller.worst < 1.0, f"/health took {poller.worst:.2f} s while a large request ran"
+    path = default_model_path()
+    tok = get_tokenizer(path)
+    text = "Zürich, 東京 and émoji 🙂 — lines\n\n  indented\tcode() " * (LARGE_TEXT_CHARS // 40)
+    process = TokenizerProcess(path)
+    try:
+        assert process.handles(text) and not process.handles("short")
+        want = tok.encode(text, add_special_tokens=True)
+        count, packed = process.encode(text, True)
+        assert count == len(want) and ids_from_bytes(packed) == want
+        count, as_json = process.encode_json(text, False)
+        assert json.loads(as_json) == tok.encode(text, add_special_tokens=False)
+        assert encode_text(tok, text, process=process) == want  # the route's path
+        assert encode_text(tok, text[:5000]) == tok.encode(text[:5000])  # the in-thread path
+        with pytest.raises(Exception, match="max_model_len"):
+            def too_long(n):
+                raise ValueError(f"the prompt has {n} tokens but this server's max_model_len is 1024")
+            encode_text(tok, text, check=too_long, process=process)
+    finally:
+        process.shutdown()
 
 
 def test_caps_and_body_limit_answer_clearly(tmp_path):
