@@ -50,6 +50,11 @@ class ServerSettings:
     engine_heartbeat_timeout: float = 30.0  # /health is 503 when the engine was silent this long
     max_sequences_per_request: int = 256  # prompts x n of one request (--max-sequences-per-request)
     max_queued_requests: int | None = None  # prompts waiting for their first token before a 429 (--max-queued-requests)
+    # OpenAI-surface options vLLM scripts pass (docs/openai_api.md): tool calling, reasoning output
+    enable_auto_tool_choice: bool = False  # --enable-auto-tool-choice: tool_choice "auto" parses calls
+    tool_call_parser: str | None = None  # --tool-call-parser NAME (a host.tool_parsers plugin)
+    reasoning_parser: str | None = None  # --reasoning-parser NAME (a host.reasoning_parsers plugin)
+    enable_prompt_tokens_details: bool = False  # --enable-prompt-tokens-details: usage.prompt_tokens_details
     # stat loggers (host.core.frontend.stat_loggers): --stat-loggers NAME[:ARG], the metric names'
     # prefix (host: or vllm:), the periodic log line's interval and its switch
     stat_loggers: list[str] = field(default_factory=list)

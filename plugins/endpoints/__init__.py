@@ -12,7 +12,8 @@ from host.sdk import hookimpl
 
 @hookimpl
 def host_register_endpoints(register: Callable[..., None]) -> None:
-    from host.plugins.endpoints.openai_routes import ChatCompletionsEndpoint, CompletionsEndpoint
+    from host.plugins.endpoints.chat import ChatCompletionsEndpoint
+    from host.plugins.endpoints.completions import CompletionsEndpoint
     from host.plugins.endpoints.server_routes import (
         HealthEndpoint,
         MetricsEndpoint,

@@ -12,6 +12,7 @@ import msgspec
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from host.plugins.endpoints.chat import normalize_messages
 from host.plugins.endpoints.chat_template import apply_template
 from host.plugins.endpoints.common import (
     FastJSONResponse,
@@ -22,7 +23,6 @@ from host.plugins.endpoints.common import (
     off_loop,
     tokenizer_process,
 )
-from host.plugins.endpoints.openai_routes import normalize_messages
 from host.plugins.endpoints.protocol import DetokenizeRequest, TokenizeRequest
 from host.plugins.endpoints.tokenizer_process import TokenizerProcess
 from host.sdk import APIError, EndpointPlugin, error_response

@@ -73,6 +73,14 @@ def serve_cmd(
     metrics_prefix: str = typer.Option("host", "--metrics-prefix", help="Prefix of the /metrics names: 'host' (host:...) or 'vllm' (vllm:..., for vLLM dashboards)."),
     log_stats_interval: float = typer.Option(10.0, "--log-stats-interval", min=0.01, help="Seconds between the stats log lines (and the stat loggers' log() calls)."),
     disable_log_stats: bool = typer.Option(False, "--disable-log-stats", help="Turn off the periodic stats log line."),
+    enable_auto_tool_choice: bool = typer.Option(
+        False, "--enable-auto-tool-choice", help='Let tool_choice "auto" return tool calls (needs --tool-call-parser).'
+    ),
+    tool_call_parser: Optional[str] = typer.Option(None, "--tool-call-parser", help="Tool-call parser (host.tool_parsers) for the model's output format, e.g. hermes."),
+    reasoning_parser: Optional[str] = typer.Option(None, "--reasoning-parser", help="Reasoning parser (host.reasoning_parsers), e.g. deepseek_r1: fills reasoning_content."),
+    enable_prompt_tokens_details: bool = typer.Option(
+        False, "--enable-prompt-tokens-details", help="Report usage.prompt_tokens_details (cached_tokens from the prefix cache)."
+    ),
     *,
     engine_kwargs: dict[str, Any],
     plugin_flags: dict[str, Any],
@@ -103,6 +111,8 @@ def serve_cmd(
                          "limit_concurrency": limit_concurrency},
             stat_settings={"stat_loggers": list(stat_loggers or []), "metrics_prefix": metrics_prefix,
                            "log_stats_interval": log_stats_interval, "disable_log_stats": disable_log_stats},
+            api_settings={"enable_auto_tool_choice": enable_auto_tool_choice, "tool_call_parser": tool_call_parser,
+                          "reasoning_parser": reasoning_parser, "enable_prompt_tokens_details": enable_prompt_tokens_details},
         )
     except (ValueError, RuntimeError) as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -134,6 +144,7 @@ def run_server(
     engine_heartbeat_timeout: float = 30.0,
     http_limits: dict[str, Any] | None = None,
     stat_settings: dict[str, Any] | None = None,
+    api_settings: dict[str, Any] | None = None,
 ) -> None:
     """Run the server until it is stopped. The first SIGTERM / SIGINT drains it (see
     :mod:`host.core.entrypoints.drain`), a second one stops it at once. Exits non-zero
@@ -153,7 +164,7 @@ def run_server(
         served_model_names=served_model_names, api_key=api_key, max_sequences_per_request=max_sequences_per_request,
         max_queued_requests=max_queued_requests, max_request_bytes=max_request_bytes, trust_request_chat_template=trust_request_chat_template,
         shutdown_timeout=shutdown_timeout, exit_on_engine_death=exit_on_engine_death, engine_heartbeat_timeout=engine_heartbeat_timeout,
-        **(stat_settings or {}),
+        **(stat_settings or {}), **(api_settings or {}),
     ), plugin_host)
 
     async def announce() -> None:
