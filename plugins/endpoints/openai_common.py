@@ -107,11 +107,17 @@ async def gather_all_or_cancel(awaitables: list[Any]) -> list[Any]:
     try:
         return await asyncio.gather(*tasks)
     finally:
-        pending = [t for t in tasks if not t.done()]
-        for t in pending:
-            t.cancel()
-        if pending:
-            await asyncio.wait(pending)
+        await cancel_pending(tasks)
+
+
+async def cancel_pending(tasks: list[asyncio.Future]) -> None:
+    """Cancel the tasks not done yet and wait until they have ended (each cancelled task closes
+    its generator, which aborts its request in the engine)."""
+    pending = [t for t in tasks if not t.done()]
+    for t in pending:
+        t.cancel()
+    if pending:
+        await asyncio.wait(pending)
 
 
 class ChoiceCursor:
@@ -152,11 +158,7 @@ async def merged_stream(gens: list[AsyncIterator[Any]]) -> AsyncIterator[tuple[i
         # each pump owns its generator: cancelling the pump closes it (aborting its request).
         # Closing a generator from here while its pump is suspended inside it would raise
         # "aclose(): asynchronous generator is already running".
-        pending = [t for t in tasks if not t.done()]
-        for t in pending:
-            t.cancel()
-        if pending:
-            await asyncio.wait(pending)
+        await cancel_pending(tasks)
 
 
 def error_event(exc: BaseException) -> str:
