@@ -62,6 +62,21 @@ def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
+def metric_total(url: str, suffix: str) -> float:
+    """The sum over labels of the ``*:<suffix>`` samples a server's ``/metrics`` shows (whatever
+    the prefix); fails when there is none."""
+    import httpx
+
+    total, found = 0.0, False
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if not line.startswith("#") and name.endswith(":" + suffix):
+            total += float(line.rsplit(" ", 1)[1])
+            found = True
+    assert found, f"no *:{suffix} in /metrics"
+    return total
+
+
 # -- a real `host serve` subprocess ---------------------------------------------------------
 
 

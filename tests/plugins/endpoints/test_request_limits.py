@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from helpers import run_server
+from helpers import metric_total, run_server
 
 LIMIT = 16
 
@@ -22,25 +22,8 @@ def server(tmp_path_factory):
         yield s
 
 
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def model(client):
-    return client.models.list().data[0].id
-
-
 def _gauge(server, suffix: str) -> float:
-    total, found = 0.0, False
-    for line in httpx.get(f"{server.url}/metrics").text.splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if not line.startswith("#") and name.endswith(":" + suffix):
-            total += float(line.rsplit(" ", 1)[1])
-            found = True
-    assert found, f"no *:{suffix} in /metrics"
-    return total
+    return metric_total(server.url, suffix)
 
 
 def _idle(server) -> None:
