@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # the accepted values of the flags with a fixed set of choices (``EngineArgs`` offers them as choices)
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPES = ("auto", "float32", "bfloat16", "float16", "half", "float")
+DTYPE_ALIASES = {"half": "float16", "float": "float32"}
+"""vLLM's other spellings of a dtype (``--dtype half``), and the canonical names they mean."""
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from host.core.config import (
+    DTYPE_ALIASES,
     DTYPES,
     LOAD_FORMATS,
     SCHEDULING_POLICIES,
@@ -55,6 +56,22 @@ def flag(
     return dataclasses.field(default=default, metadata=meta)
 
 
+def _platform_dtype(dtype: str, platform: Any) -> str:
+    """``dtype``, or — for a float16 the platform cannot compute in (the CPU), as a vLLM script's
+    ``--dtype half`` asks — bfloat16 (same memory, wider range) or else float32, with a warning:
+    a user would rather run than be refused. Other unsupported dtypes stay, for the platform's
+    own error."""
+    supported = list(getattr(platform, "supported_dtypes", []) or [])
+    if dtype != "float16" or not supported or dtype in supported:
+        return dtype
+    chosen = "bfloat16" if "bfloat16" in supported else "float32"
+    logger.warning(
+        "dtype float16 is not supported on the %s platform (it computes in %s): running in %s instead",
+        platform.name, ", ".join(supported), chosen,
+    )
+    return chosen
+
+
 @dataclass
 class EngineArgs:
     """Every engine flag, with the defaults ``host generate`` / ``LLM(...)`` use."""
@@ -63,11 +80,16 @@ class EngineArgs:
     tokenizer: str | None = flag(help="tokenizer directory", default_text="the model's")
     skip_tokenizer_init: bool = flag(False, help="token ids in and out, no tokenizer", cli=False)
     dtype: str = flag(
-        "auto", help="weight and activation dtype (auto: float32 on CPU, bfloat16 on GPUs for 16-bit checkpoints)", choices=DTYPES
+        "auto", choices=DTYPES,
+        help="weight and activation dtype (auto: float32 on CPU, bfloat16 on GPUs for 16-bit checkpoints; "
+        "half = float16, float = float32; float16 where the platform lacks it: bfloat16 with a warning)",
     )
     max_model_len: int | None = flag(help="longest prompt + output, in tokens", default_text="model's, at most 8192")
     seed: int = flag(0, help="seed of the worker's torch RNG and of dummy weights")
-    served_model_name: str | None = flag(help="the name clients use (host serve --served-model-name, repeatable)", cli=False)
+    served_model_name: str | None = flag(
+        help="the name clients use (host serve --served-model-name, repeatable)", cli=False,
+        default_text="the model as typed; the default model: HuggingFaceTB/SmolLM2-135M-Instruct",
+    )
     max_logprobs: int = flag(
         20, help="most logprobs a request may ask for (logprobs, top_logprobs, prompt_logprobs); -1: no limit"
     )
@@ -117,7 +139,7 @@ class EngineArgs:
 
     def create_engine_config(self) -> EngineConfig:
         """Resolve the model (path, config, dtype, context length) on the current platform."""
-        from host.core.models.default_model import resolve_model_path
+        from host.core.models.default_model import resolve_model_path, served_name
         from host.core.models.loader import get_model_architecture, load_hf_config, max_model_len, resolve_dtype
         from host.core.plugins.manager import get_plugin_host
         from host.core.plugins.platform import current_platform
@@ -127,7 +149,8 @@ class EngineArgs:
             raise RuntimeError("no platform detected this machine's hardware; see `host platform`")
         path = resolve_model_path(self.model)
         hf_config = load_hf_config(path)
-        dtype = str(resolve_dtype(self.dtype, hf_config, platform.device_type)).replace("torch.", "")
+        dtype = str(resolve_dtype(DTYPE_ALIASES.get(self.dtype, self.dtype), hf_config, platform.device_type)).replace("torch.", "")
+        dtype = _platform_dtype(dtype, platform)
         model_max = max_model_len(hf_config)
         if self.max_model_len is not None and self.max_model_len > model_max:
             raise ValueError(
@@ -150,7 +173,7 @@ class EngineArgs:
             dtype=dtype,
             max_model_len=ctx_len,
             seed=self.seed,
-            served_model_name=self.served_model_name,
+            served_model_name=self.served_model_name or served_name(self.model),
             max_logprobs=self.max_logprobs,
             hf_config=hf_config,
             architecture=get_model_architecture(hf_config),

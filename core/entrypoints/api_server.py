@@ -55,12 +55,27 @@ class ServerSettings:
     tool_call_parser: str | None = None  # --tool-call-parser NAME (a host.tool_parsers plugin)
     reasoning_parser: str | None = None  # --reasoning-parser NAME (a host.reasoning_parsers plugin)
     enable_prompt_tokens_details: bool = False  # --enable-prompt-tokens-details: usage.prompt_tokens_details
+    chat_template: str | None = None  # --chat-template: the template text used instead of the tokenizer's
+    enable_tokenizer_info_endpoint: bool = False  # --enable-tokenizer-info-endpoint: GET /tokenizer_info
+    enable_server_load_tracking: bool = False  # --enable-server-load-tracking: GET /load
     # stat loggers (host.core.frontend.stat_loggers): --stat-loggers NAME[:ARG], the metric names'
     # prefix (host: or vllm:), the periodic log line's interval and its switch
     stat_loggers: list[str] = field(default_factory=list)
     metrics_prefix: str = "host"
     log_stats_interval: float = 10.0
     disable_log_stats: bool = False
+
+
+def served_model_names(config: Any, settings: ServerSettings) -> list[str]:
+    """The names requests may use, the listed one first: ``--served-model-name`` (repeated for
+    aliases), else the engine config's ``served_model_name`` (the model as the user typed it, see
+    :func:`host.core.models.default_model.served_name`), else the model folder's base name (a
+    config built by hand) — never an absolute local path."""
+    if settings.served_model_names:
+        return list(dict.fromkeys(settings.served_model_names))
+    if config.model.served_model_name:
+        return [config.model.served_model_name]
+    return [os.path.basename(str(config.model.model).rstrip("/")) or "default"]
 
 
 def _error(status: int, message: str, type_: str, param: str | None = None) -> JSONResponse:
@@ -145,7 +160,7 @@ def build_app(config: Any, settings: ServerSettings, plugin_host: Any, engine: A
     state.engine = engine
     state.config = config
     state.settings = settings
-    state.served_model_names = settings.served_model_names or [config.model.served_model_name or os.path.basename(str(config.model.model).rstrip("/")) or "default"]
+    state.served_model_names = served_model_names(config, settings)
     state.max_model_len = config.model.max_model_len
     state.model_path = config.model.model
     state.started_at = time.time()

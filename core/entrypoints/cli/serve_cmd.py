@@ -23,19 +23,26 @@ import typer
 
 from host.core.entrypoints.cli.engine_flags import with_engine_flags
 from host.core.entrypoints.cli.plugin_flags import with_plugin_flags
+from host.core.entrypoints.cli.vllm_flags import log_vllm_flags, with_vllm_flags
 
 API_SWITCH_INTERVAL_S = 0.0005
 """The API process's GIL switch interval (Python's default is 5 ms)."""
 
 
+@with_vllm_flags
 @with_plugin_flags
 @with_engine_flags(exclude=("model",))
 def serve_cmd(
-    model: Optional[str] = typer.Argument(None, help="HF model directory or .gguf file (default: SmolLM2-135M-Instruct)."),
+    model: Optional[str] = typer.Argument(
+        None, help="HF model directory or .gguf file, served under the name typed here (default: HuggingFaceTB/SmolLM2-135M-Instruct)."
+    ),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
     port: int = typer.Option(8000, "--port", help="Port to listen on."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="HOST_API_KEY", help="Require 'Authorization: Bearer KEY' on every route but /health, /version, /metrics and the API docs."),
-    served_model_name: Optional[list[str]] = typer.Option(None, "--served-model-name", help="Name(s) clients use for the model (repeat for aliases)."),
+    served_model_name: Optional[list[str]] = typer.Option(
+        None, "--served-model-name",
+        help="Name(s) clients use for the model: the first is listed, the others are aliases (default: MODEL as typed).",
+    ),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn / host log level."),
     max_request_bytes: int = typer.Option(
         8 * 1024 * 1024, "--max-request-bytes", min=1, help="Largest request body in bytes; a larger one is refused with 413."
@@ -81,15 +88,26 @@ def serve_cmd(
     enable_prompt_tokens_details: bool = typer.Option(
         False, "--enable-prompt-tokens-details", help="Report usage.prompt_tokens_details (cached_tokens from the prefix cache)."
     ),
+    chat_template: Optional[str] = typer.Option(
+        None, "--chat-template", help="A Jinja chat template (a file, or the template text) used instead of the tokenizer's."
+    ),
+    enable_tokenizer_info_endpoint: bool = typer.Option(
+        False, "--enable-tokenizer-info-endpoint", help="Serve GET /tokenizer_info (the tokenizer's class, limits, special tokens and chat template)."
+    ),
+    enable_server_load_tracking: bool = typer.Option(
+        False, "--enable-server-load-tracking", help="Serve GET /load: the number of requests in flight."
+    ),
     *,
     engine_kwargs: dict[str, Any],
     plugin_flags: dict[str, Any],
+    vllm_flags: dict[str, Any],
 ) -> None:
     """Serve MODEL over an OpenAI-compatible HTTP API."""
     from host.core.logging_config import configure_logging
     from host.core.plugins.manager import plugin_host_for
 
     configure_logging(log_level.upper())
+    log_vllm_flags(vllm_flags)
     try:
         os.environ.update(plugin_host_for(**plugin_flags).settings.to_env())  # the engine process inherits them
         run_server(
@@ -112,11 +130,29 @@ def serve_cmd(
             stat_settings={"stat_loggers": list(stat_loggers or []), "metrics_prefix": metrics_prefix,
                            "log_stats_interval": log_stats_interval, "disable_log_stats": disable_log_stats},
             api_settings={"enable_auto_tool_choice": enable_auto_tool_choice, "tool_call_parser": tool_call_parser,
-                          "reasoning_parser": reasoning_parser, "enable_prompt_tokens_details": enable_prompt_tokens_details},
+                          "reasoning_parser": reasoning_parser, "enable_prompt_tokens_details": enable_prompt_tokens_details,
+                          "chat_template": read_chat_template(chat_template),
+                          "enable_tokenizer_info_endpoint": enable_tokenizer_info_endpoint,
+                          "enable_server_load_tracking": enable_server_load_tracking},
         )
     except (ValueError, RuntimeError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2)
+
+
+def read_chat_template(value: str | None) -> str | None:
+    """The template text of ``--chat-template``: the file's content when ``value`` names a file,
+    else ``value`` itself when it reads as a template (it holds ``{`` or a line break), as vLLM
+    decides; a ValueError names a path that does not exist."""
+    if value is None:
+        return None
+    path = os.path.expanduser(value)
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    if any(c in value for c in "{}\n"):
+        return value
+    raise ValueError(f"--chat-template {value!r} is neither a file nor a Jinja template; pass the template file's path or its text")
 
 
 def _describe_plugins(records: list[dict[str, Any]]) -> str:

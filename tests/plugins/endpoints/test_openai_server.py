@@ -34,7 +34,7 @@ def test_models_and_completion(client, server):
     models = client.models.list()
     assert len(models.data) == 1
     model = models.data[0].id
-    assert model.startswith("smollm2-135m-instruct")  # the default: the model folder's name
+    assert model == "HuggingFaceTB/SmolLM2-135M-Instruct"  # the default model: its Hub id, as vLLM lists it
     out = client.completions.create(model=model, prompt="The capital of France is", max_tokens=8, temperature=0)
     assert out.object == "text_completion" and len(out.choices) == 1
     assert out.choices[0].text and out.choices[0].finish_reason == "length"

@@ -80,7 +80,7 @@ def test_metric_families_are_vllms(served):
             if name == "vllm:cache_config_info":
                 assert {"engine", "block_size", "num_gpu_blocks"} <= set(sample.labels)
             else:
-                assert sample.labels["model_name"].startswith("smollm2-135m-instruct") and sample.labels["engine"] == "0", (name, sample)
+                assert sample.labels["model_name"] == "HuggingFaceTB/SmolLM2-135M-Instruct" and sample.labels["engine"] == "0", (name, sample)
     value = {(s.name, s.labels.get("finished_reason")): s.value for f in fams.values() for s in f.samples}
     assert value[("vllm:request_success_total", "length")] >= 2  # the two samples of n=2
     assert value[("vllm:request_params_n_count", None)] == 2
