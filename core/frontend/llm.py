@@ -22,6 +22,7 @@ import msgspec
 from host.core.engine.client import InprocClient, SyncMPClient
 from host.core.engine.protocol import SchedulerStats
 from host.core.engine_args import EngineArgs
+from host.core.frontend.beam_search import BeamCompletion, BeamSearch, BeamSearchParams, check_step_logprobs
 from host.core.frontend.input_processor import InputProcessor
 from host.core.frontend.output_processor import CompletionOutput, Logprob, OutputProcessor, RequestOutput
 from host.core.models.tokenizer import get_tokenizer
@@ -30,7 +31,7 @@ from host.core.sampling_params import SamplingParams
 
 logger = logging.getLogger("host.llm")
 
-__all__ = ["LLM", "CompletionOutput", "Logprob", "RequestOutput", "SamplingParams"]
+__all__ = ["LLM", "BeamCompletion", "BeamSearchParams", "CompletionOutput", "Logprob", "RequestOutput", "SamplingParams"]
 
 
 class LLM:
@@ -154,6 +155,27 @@ class LLM:
         if done.reqs_to_abort:
             self.engine_core.abort_requests(done.reqs_to_abort)
         return bool(done.request_outputs)
+
+    def beam_search(self, prompts: Any, params: BeamSearchParams) -> list[RequestOutput]:
+        """Beam search for every prompt (transformers' ``num_beams`` semantics, see
+        :mod:`host.core.frontend.beam_search`); one finished :class:`RequestOutput` per prompt,
+        in order, its outputs the best beams (:class:`BeamCompletion`, best first). Each step
+        batches one request per live beam of every prompt; the prefix cache shares their blocks."""
+        items = self.input_processor.normalize_prompts(prompts)
+        searches = [BeamSearch(ids, params, self.eos_token_id, self.input_processor.max_model_len) for _, ids in items]
+        check_step_logprobs(searches[0], self.input_processor.max_logprobs)
+        step_params = searches[0].step_params()
+        while True:
+            pending = [(search, ids) for search in searches for ids in search.pending()]
+            if not pending:
+                break
+            outs = self.generate([{"prompt_token_ids": ids} for _, ids in pending], step_params)
+            start = 0
+            for search in searches:
+                count = len(search.pending())
+                search.advance([out.outputs[0].logprobs[0] for out in outs[start:start + count]])
+                start += count
+        return [search.result(self.next_request_id(), text, self.tokenizer) for (text, _), search in zip(items, searches)]
 
     def chat(
         self,
