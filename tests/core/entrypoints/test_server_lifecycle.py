@@ -53,16 +53,34 @@ def test_engine_death_exits_the_server_after_failing_requests(tmp_path):
         assert "--exit-on-engine-death" in server.log()
 
 
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(entry))
+        except (OSError, ValueError):
+            pass
+    return found
+
+
 def test_sigkill_of_the_api_process_takes_the_engine_down(tmp_path):
     # TMPDIR: a SIGKILLed API process cannot remove its host-ipc-* directory; keep it in tmp_path
     with run_server(tmp_path, TMPDIR=str(tmp_path)) as server:
         engine_pid = _engine_pid(server)
+        # a text of 1 MiB starts the tokenizer child process (plugins/endpoints/tokenizer_process.py)
+        r = httpx.post(f"{server.url}/tokenize", json={"prompt": "word " * (1 << 18)}, timeout=120)
+        assert r.status_code == 200 and r.json()["count"] >= 1 << 18
+        children = _children(server.proc.pid)
+        assert engine_pid in children and len(children) >= 2, children  # the engine and the tokenizer
         server.proc.send_signal(signal.SIGKILL)
         server.proc.wait(10)
         deadline = time.monotonic() + 10
-        while _running(engine_pid) and time.monotonic() < deadline:
+        while any(_running(pid) for pid in children) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not _running(engine_pid), "the engine process was orphaned"
+        assert not any(_running(pid) for pid in children), "a child process of the API process was orphaned"
 
 
 def test_a_stopped_engine_turns_health_503_within_the_heartbeat_timeout(tmp_path):
