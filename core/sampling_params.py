@@ -44,17 +44,51 @@ def check_finite(name: str, value: Any) -> float:
     return out
 
 
+def _logit_bias(bias: Any) -> dict[int, float]:
+    """``logit_bias`` with integer keys, or ``ValueError`` naming every key that is not a token id
+    (an integer, or a string of one) and every value that is not a number."""
+    try:
+        items = list(dict(bias).items())
+    except (TypeError, ValueError):
+        raise ValueError("logit_bias must map token ids (integers, or strings of integers) to numbers") from None
+    out: dict[int, float] = {}
+    bad_keys, bad_values = [], []
+    for key, value in items:
+        try:
+            tok = key if isinstance(key, int) and not isinstance(key, bool) else int(str(key).strip())
+        except ValueError:
+            bad_keys.append(key)
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            bad_values.append(key)
+            continue
+        out[tok] = float(value)
+    if bad_keys:
+        raise ValueError(
+            f"logit_bias has keys that are not token ids: {', '.join(repr(k) for k in bad_keys[:10])}; "
+            "each key must be a token id (an integer, or a string of one)"
+        )
+    if bad_values:
+        raise ValueError(f"logit_bias values for {', '.join(repr(k) for k in bad_values[:10])} must be numbers")
+    return out
+
+
 @dataclass
 class StructuredOutputsParams:
     """One output constraint: a JSON schema (dict or JSON string), any JSON object
     (``json_object=True``), a regular expression, a choice among strings, or an EBNF grammar
-    (GBNF dialect, as xgrammar reads it). Exactly one must be set."""
+    (GBNF dialect, as xgrammar reads it). Exactly one must be set.
+
+    ``reasoning_end_token_ids``: the constraint applies only after the output has generated
+    these tokens in a row (a reasoning parser's end tag, e.g. ``</think>``); until then the
+    output is free. ``None``: from the first token."""
 
     json: dict[str, Any] | str | None = None
     json_object: bool = False
     regex: str | None = None
     choice: list[str] | None = None
     grammar: str | None = None
+    reasoning_end_token_ids: list[int] | None = None
 
     def __post_init__(self) -> None:
         given = [
@@ -87,6 +121,13 @@ class StructuredOutputsParams:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise ValueError(f"structured_outputs.{name} must be a non-empty string")
+        end = self.reasoning_end_token_ids
+        if end is not None:
+            if not isinstance(end, (list, tuple)) or not end or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in end):
+                raise ValueError(
+                    f"structured_outputs.reasoning_end_token_ids={end!r} must be a non-empty list of token ids (ints >= 0), or None"
+                )
+            self.reasoning_end_token_ids = list(end)
 
     @property
     def kind(self) -> str:
@@ -157,7 +198,7 @@ class SamplingParams:
         if self.top_k == -1:
             self.top_k = 0
         if isinstance(self.structured_outputs, dict):
-            known = {"json", "json_object", "regex", "choice", "grammar"}
+            known = {"json", "json_object", "regex", "choice", "grammar", "reasoning_end_token_ids"}
             unknown = sorted(set(self.structured_outputs) - known)
             if unknown:
                 raise ValueError(
@@ -165,12 +206,7 @@ class SamplingParams:
                 )
             self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
         if self.logit_bias is not None:
-            try:
-                self.logit_bias = {int(k): float(v) for k, v in dict(self.logit_bias).items()}
-            except (TypeError, ValueError, OverflowError):
-                raise ValueError(
-                    "logit_bias must map token ids (integers, or strings of integers) to numbers"
-                ) from None
+            self.logit_bias = _logit_bias(self.logit_bias)
         self._validate()
 
     def _validate(self) -> None:
@@ -247,15 +283,17 @@ class SamplingParams:
         def check(name: str, ids: Any) -> None:
             bad = [t for t in ids if t >= vocab_size]
             if bad:
-                raise ValueError(
-                    f"{name} has token ids outside the vocabulary [0, {vocab_size}): {sorted(bad)[:5]}"
-                )
+                shown = ", ".join(str(t) for t in sorted(bad)[:10]) + (f" (and {len(bad) - 10} more)" if len(bad) > 10 else "")
+                raise ValueError(f"{name} has token ids outside the vocabulary [0, {vocab_size}): {shown}")
 
         check("logit_bias", (self.logit_bias or {}).keys())
         check("allowed_token_ids", self.allowed_token_ids or [])
         check("stop_token_ids", self.stop_token_ids)
         for word in self.bad_words_token_ids:
             check("bad_words", word)
+        so = self.structured_outputs
+        if isinstance(so, StructuredOutputsParams) and so.reasoning_end_token_ids:
+            check("structured_outputs.reasoning_end_token_ids", so.reasoning_end_token_ids)
 
     @property
     def is_greedy(self) -> bool:

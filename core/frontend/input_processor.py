@@ -95,9 +95,14 @@ class InputProcessor:
         return self.tokenizer.encode(text)
 
     def _check_vocab(self, ids: list[int], what: str) -> None:
-        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        bad = [(i, t) for i, t in enumerate(ids) if not 0 <= t < self.vocab_size]
         if bad:
-            raise ValueError(f"{what} has token ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
+            shown = ", ".join(f"{t} at position {i}" for i, t in bad[:10])
+            more = f" (and {len(bad) - 10} more)" if len(bad) > 10 else ""
+            raise ValueError(
+                f"{what} has token ids outside the vocabulary [0, {self.vocab_size}): {shown}{more}; "
+                "send ids this model's tokenizer produces"
+            )
 
     # -- one request ----------------------------------------------------------------------------
     def check_prompt_length(self, n: int, *, whole_request_fits: bool = False) -> None:

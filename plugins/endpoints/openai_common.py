@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from fastapi import Request
 
@@ -22,10 +22,88 @@ def merge_choices(results: list[Any], n: int) -> list[tuple[int, Any]]:
     return [(p * n + c.index, c) for p, res in enumerate(results) for c in res.outputs]
 
 
-def usage(results: list[Any]) -> dict[str, int]:
+def usage(results: list[Any], details: bool = False, completion: int | None = None) -> dict[str, Any]:
+    """The ``usage`` object of ``results`` (one per prompt; ``n`` samples each share the prompt's
+    count). ``completion`` overrides the generated-token count (echo with ``max_tokens=0``
+    returns none of the one token it had to generate). With ``details``
+    (``--enable-prompt-tokens-details``) ``prompt_tokens_details.cached_tokens`` is the prompt
+    tokens the prefix cache served, always filled (0 included) where vLLM omits a zero."""
     prompt = sum(len(r.prompt_token_ids) for r in results)
-    completion = sum(len(c.token_ids) for r in results for c in r.outputs)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    if completion is None:
+        completion = sum(len(c.token_ids) for r in results for c in r.outputs)
+    out: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    if details:
+        out["prompt_tokens_details"] = {"cached_tokens": sum(r.num_cached_tokens for r in results)}
+    return out
+
+
+class ResponseShape:
+    """What a request asks of its answer beyond the text: token ids (``return_token_ids``),
+    logprob tokens as ``"token_id:<id>"`` (``return_tokens_as_token_ids``), its prompt's
+    logprobs, usage details (``--enable-prompt-tokens-details``), a final usage chunk
+    (``stream_options.include_usage``) and usage on every chunk (``continuous_usage_stats``,
+    with ``include_usage``, as vLLM)."""
+
+    def __init__(self, body: Any, settings: Any) -> None:
+        self.token_ids = bool(body.return_token_ids)
+        self.as_ids = bool(body.return_tokens_as_token_ids)
+        self.prompt_logprobs = body.prompt_logprobs is not None
+        self.details = bool(getattr(settings, "enable_prompt_tokens_details", False))
+        opts = body.stream_options
+        self.include_usage = bool(opts and opts.include_usage)
+        self.continuous_usage = self.include_usage and bool(opts and opts.continuous_usage_stats)
+        self.echo = ""  # chat: the text that leads the reply (echo of the final assistant message)
+
+
+def chat_echo(body: Any) -> str:
+    """Chat ``echo``: the final message's text when it is the assistant's (vLLM's rule; with
+    ``continue_final_message`` the reply continues it), else ``""``."""
+    if not getattr(body, "echo", False) or not body.messages:
+        return ""
+    last = body.messages[-1]
+    if not isinstance(last, dict) or last.get("role") != "assistant":
+        return ""
+    content = last.get("content")
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return content if isinstance(content, str) else ""
+
+
+def check_stream_options(body: Any) -> None:
+    """``stream_options`` only with ``stream: true``, and no ``prompt_logprobs`` in a stream
+    (vLLM's 400s)."""
+    if body.stream_options is not None and not body.stream:
+        raise APIError(400, "Stream options can only be defined when `stream=True`.", param="stream_options")
+    if body.stream and body.prompt_logprobs is not None:
+        raise APIError(400, "`prompt_logprobs` are not available when `stream=True`; "
+                       "ask for them in a request without streaming", param="prompt_logprobs")
+
+
+def prompt_truncation(body: Any, max_model_len: int) -> Callable[[list[int]], list[int]]:
+    """The function that applies ``truncate_prompt_tokens`` (keep that many prompt tokens; -1:
+    ``max_model_len``) and ``truncation_side`` (``"left"``, the default, drops the start and keeps
+    the end; ``"right"`` keeps the start) to a prompt's ids. A value outside ``[1,
+    max_model_len]`` (other than -1) is a 400 naming it and the range."""
+    keep = body.truncate_prompt_tokens
+    if keep is None:
+        return lambda ids: ids
+    if keep == -1:
+        keep = max_model_len
+    if isinstance(keep, bool) or not 1 <= keep <= max_model_len:
+        raise APIError(
+            400, f"truncate_prompt_tokens={body.truncate_prompt_tokens} must be -1 (max_model_len) or in "
+            f"[1, {max_model_len}] (this server's max_model_len); select a smaller truncation size",
+            param="truncate_prompt_tokens",
+        )
+    if body.truncation_side == "right":
+        return lambda ids: ids[:keep]
+    return lambda ids: ids[-keep:] if len(ids) > keep else ids
+
+
+def token_label(tok: int, lp: Any, tokenizer: Any, as_ids: bool) -> str:
+    """How a logprob entry names its token: its text, or ``"token_id:<id>"`` with
+    ``return_tokens_as_token_ids``."""
+    return f"token_id:{tok}" if as_ids else token_str(lp, tok, tokenizer)
 
 
 def token_str(lp: Any, tok: int, tokenizer: Any) -> str:
@@ -34,27 +112,61 @@ def token_str(lp: Any, tok: int, tokenizer: Any) -> str:
     return tokenizer.decode([tok]) if tokenizer is not None else str(tok)
 
 
-def completion_logprobs(comp: Any, start: int, end: int, text_offset: int, tokenizer: Any) -> dict[str, Any] | None:
+LOGPROB_FLOOR = -9999.0
+"""Reported logprobs are clamped here (vLLM's floor): ``-inf`` is not JSON, and a client summing
+them (lm-evaluation-harness) needs numbers."""
+
+
+def completion_logprobs(
+    comp: Any, start: int, end: int, text_offset: int, tokenizer: Any, as_ids: bool = False,
+) -> dict[str, Any] | None:
+    """The completions ``logprobs`` object of ``comp``'s tokens ``start:end``; offsets count from
+    ``text_offset``."""
     if comp.logprobs is None:
         return None
-    tokens, values, tops, offsets = [], [], [], []
+    entries = list(zip(comp.token_ids[start:end], comp.logprobs[start:end]))
+    return logprobs_object(entries, -1, text_offset, tokenizer, as_ids)
+
+
+def logprobs_object(
+    entries: list[tuple[int, Any]], top: int, text_offset: int, tokenizer: Any, as_ids: bool = False,
+) -> dict[str, Any]:
+    """The completions ``logprobs`` object (``tokens``, ``token_logprobs``, ``top_logprobs``,
+    ``text_offset``) of ``(token id, {token: Logprob} or None)`` entries. ``None`` (the first
+    prompt token under ``echo``, which nothing predicts) gives a ``null`` logprob and top. ``top``
+    keeps the token itself and those ranked ``<= top`` (-1: every entry given). Each offset is the
+    previous one plus the previous token's text length."""
+    tokens: list[str] = []
+    values: list[float | None] = []
+    tops: list[dict[str, float] | None] = []
+    offsets: list[int] = []
     offset = text_offset
-    for tok, pos in zip(comp.token_ids[start:end], comp.logprobs[start:end]):
-        text = token_str(pos.get(tok), tok, tokenizer)
+    for tok, pos in entries:
+        if pos is None:
+            text = token_label(tok, None, tokenizer, as_ids)
+            values.append(None)
+            tops.append(None)
+        else:
+            chosen = pos.get(tok)
+            text = token_label(tok, chosen, tokenizer, as_ids)
+            values.append(max(chosen.logprob, LOGPROB_FLOOR) if chosen is not None else None)
+            tops.append({
+                token_label(t, lp, tokenizer, as_ids): max(lp.logprob, LOGPROB_FLOOR)
+                for t, lp in pos.items()
+                if top < 0 or t == tok or (lp.rank is not None and lp.rank <= top)
+            })
         tokens.append(text)
-        values.append(pos[tok].logprob)
-        tops.append({token_str(lp, t, tokenizer): lp.logprob for t, lp in pos.items()})
         offsets.append(offset)
         offset += len(text)
     return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
 
 
-def chat_logprobs(comp: Any, start: int, end: int, top: int, tokenizer: Any) -> dict[str, Any] | None:
+def chat_logprobs(comp: Any, start: int, end: int, top: int, tokenizer: Any, as_ids: bool = False) -> dict[str, Any] | None:
     if comp.logprobs is None:
         return None
     content = []
     for tok, pos in zip(comp.token_ids[start:end], comp.logprobs[start:end]):
-        text = token_str(pos.get(tok), tok, tokenizer)
+        text = token_label(tok, pos.get(tok), tokenizer, as_ids)
         ranked = sorted(pos.items(), key=lambda kv: -kv[1].logprob)
         ranked = ranked if top < 0 else ranked[:top]  # -1 (allowed by --max-logprobs -1): all
         content.append({
@@ -62,8 +174,9 @@ def chat_logprobs(comp: Any, start: int, end: int, top: int, tokenizer: Any) -> 
             "logprob": pos[tok].logprob,
             "bytes": list(text.encode()),
             "top_logprobs": [
-                {"token": token_str(lp, t, tokenizer), "logprob": lp.logprob, "bytes": list(token_str(lp, t, tokenizer).encode())}
+                {"token": label, "logprob": lp.logprob, "bytes": list(label.encode())}
                 for t, lp in ranked
+                for label in (token_label(t, lp, tokenizer, as_ids),)
             ],
         })
     return {"content": content}
@@ -75,7 +188,10 @@ def prompt_logprobs_json(result: Any) -> list[Any] | None:
     if result.prompt_logprobs is None:
         return None
     return [
-        None if pos is None else {str(t): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": lp.decoded_token} for t, lp in pos.items()}
+        None if pos is None else {
+            str(t): {"logprob": max(lp.logprob, LOGPROB_FLOOR), "rank": lp.rank, "decoded_token": lp.decoded_token}
+            for t, lp in pos.items()
+        }
         for pos in result.prompt_logprobs
     ]
 
@@ -128,6 +244,7 @@ class ChoiceCursor:
         self.tokens = 0
         self.done = False
         self.started = False
+        self.echo_len = 0  # characters of echoed prompt sent before the completion's text
 
 
 async def merged_stream(gens: list[AsyncIterator[Any]]) -> AsyncIterator[tuple[int, Any]]:

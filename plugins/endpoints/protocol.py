@@ -63,6 +63,7 @@ class _Body(BaseModel):
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # usage on every chunk (vLLM)
 
 
 class JsonSchemaFormat(BaseModel):
@@ -130,6 +131,16 @@ class _SamplingFields(_Body):
     user: Optional[str] = None
     # host's extension: seconds this request may run; then it ends with finish_reason "abort"
     timeout: Optional[float] = Field(None, gt=0, le=86400.0)
+    # vLLM's response extensions: token ids in the body; logprob tokens as "token_id:<id>"
+    return_token_ids: bool = False
+    return_tokens_as_token_ids: bool = False
+    # keep N prompt tokens (-1: max_model_len); "left" (default) drops the start, "right" the end
+    truncate_prompt_tokens: Optional[int] = None
+    truncation_side: Optional[Literal["left", "right"]] = None
+    # beam search (vLLM's fields; the route decides whether it runs)
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
+    early_stopping: bool = False
 
     def deadline(self) -> float | None:
         return None if self.timeout is None else time.monotonic() + self.timeout
@@ -196,18 +207,26 @@ class ChatCompletionRequest(_SamplingFields):
     logprobs: bool = False
     top_logprobs: Optional[int] = None
     tools: Optional[list[dict[str, Any]]] = None
-    tool_choice: Optional[Union[str, dict[str, Any]]] = None
+    tool_choice: Optional[Union[str, dict[str, Any]]] = None  # checked in .tool_calls
+    parallel_tool_calls: Optional[bool] = None  # False: only the first call is returned
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: Optional[dict[str, Any]] = None
+    echo: bool = False  # with continue_final_message: the final message's content leads the reply
 
 
 class TokenizeRequest(_Body):
+    """``/tokenize``: a ``prompt``, or chat ``messages`` rendered as the chat route renders them."""
+
     model: Optional[str] = None
     prompt: Optional[str] = None
     messages: Optional[list[dict[str, Any]]] = None
-    add_special_tokens: bool = True
+    add_special_tokens: Optional[bool] = None  # None: True for a prompt, False for messages (vLLM's defaults)
     add_generation_prompt: bool = True
+    continue_final_message: bool = False  # messages: the last one is continued, no generation prompt
+    tools: Optional[list[dict[str, Any]]] = None
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+    return_token_strs: Optional[bool] = False  # also answer token_strs (convert_ids_to_tokens)
 
 
 class DetokenizeRequest(_Body):

@@ -1,0 +1,213 @@
+"""vLLM's response fields on both OpenAI routes, through the official ``openai`` client on one
+``host serve`` (``--enable-prompt-tokens-details``): ``echo`` (its prompt logprobs checked against
+transformers on the same weights), ``return_token_ids``, ``return_tokens_as_token_ids``,
+``prompt_logprobs`` (null when not asked), ``stream_options`` (``continuous_usage_stats``, refused
+without ``stream``), ``prompt_tokens_details.cached_tokens``, ``truncate_prompt_tokens`` /
+``truncation_side``, the logprob caps and the errors naming bad token ids."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import openai
+import pytest
+
+from helpers import Server, hf_model, run_server
+
+BLOCK = 16
+PROMPT = "The quick brown fox jumps over the lazy dog because"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator[Server]:
+    with run_server(tmp_path_factory.mktemp("serve"), ["--enable-prompt-tokens-details", "--block-size", str(BLOCK)]) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    import transformers
+
+    from host.core.models.default_model import default_model_path
+
+    return transformers.AutoTokenizer.from_pretrained(default_model_path())
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """``ids -> [log p(ids[i] | ids[:i]) for i >= 1]`` by transformers on the served weights."""
+    import torch
+
+    from host.core.models.default_model import default_model_path
+
+    hf = hf_model(default_model_path())
+
+    def logprobs(ids: list[int]) -> list[float]:
+        with torch.inference_mode():
+            logits = hf(torch.tensor([ids])).logits[0].float().log_softmax(-1)
+        return [logits[i - 1, ids[i]].item() for i in range(1, len(ids))]
+
+    return logprobs
+
+
+def _offsets_continuous(lp) -> None:
+    assert lp.text_offset[0] == 0
+    for i in range(1, len(lp.tokens)):
+        assert lp.text_offset[i] == lp.text_offset[i - 1] + len(lp.tokens[i - 1])
+
+
+def test_echo_with_logprobs_matches_transformers(client, model, tokenizer, reference):
+    ids = tokenizer.encode(PROMPT)
+    only = client.completions.create(model=model, prompt=PROMPT, echo=True, logprobs=1, max_tokens=0, temperature=0)
+    choice = only.choices[0]
+    assert choice.text == PROMPT and choice.finish_reason == "length"
+    assert only.usage.prompt_tokens == len(ids) and only.usage.completion_tokens == 0
+    lp = choice.logprobs
+    assert len(lp.tokens) == len(ids) and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert lp.token_logprobs[1:] == pytest.approx(reference(ids), abs=1e-3)
+    assert "".join(lp.tokens) == PROMPT
+    _offsets_continuous(lp)
+    for tok, value, top in zip(lp.tokens[1:], lp.token_logprobs[1:], lp.top_logprobs[1:]):
+        assert top[tok] == value and 1 <= len(top) <= 2  # the token itself and the top-1
+
+    # with generation: the prompt's entries, then the completion's (as a request without echo gives them)
+    plain = client.completions.create(model=model, prompt=PROMPT, logprobs=2, max_tokens=3, temperature=0).choices[0]
+    both = client.completions.create(model=model, prompt=PROMPT, echo=True, logprobs=2, max_tokens=3, temperature=0).choices[0]
+    assert both.text == PROMPT + plain.text
+    assert both.logprobs.tokens == lp.tokens + plain.logprobs.tokens
+    assert both.logprobs.token_logprobs[len(ids):] == pytest.approx(plain.logprobs.token_logprobs, abs=1e-4)
+    assert both.logprobs.token_logprobs[1:len(ids)] == pytest.approx(lp.token_logprobs[1:], abs=1e-4)
+    _offsets_continuous(both.logprobs)
+
+    # echo without logprobs, and a prompt of token ids (its text is decoded)
+    bare = client.completions.create(model=model, prompt=[ids, ids[:4]], echo=True, max_tokens=2, temperature=0)
+    assert bare.choices[0].text == PROMPT + plain.text[: len(bare.choices[0].text) - len(PROMPT)]
+    assert bare.choices[1].text.startswith(tokenizer.decode(ids[:4])) and bare.choices[0].logprobs is None
+    with pytest.raises(openai.BadRequestError, match="max_tokens=0"):
+        client.completions.create(model=model, prompt=PROMPT, max_tokens=0)
+
+
+def test_streaming_echo_sends_the_prompt_first(client, model):
+    plain = client.completions.create(model=model, prompt=PROMPT, max_tokens=4, temperature=0).choices[0].text
+    chunks = list(client.completions.create(model=model, prompt=PROMPT, echo=True, logprobs=1, max_tokens=4, temperature=0, stream=True))
+    assert chunks[0].choices[0].text.startswith(PROMPT)
+    assert "".join(c.choices[0].text for c in chunks) == PROMPT + plain
+    tokens = [t for c in chunks for t in c.choices[0].logprobs.tokens]
+    assert "".join(tokens) == PROMPT + plain and chunks[0].choices[0].logprobs.token_logprobs[0] is None
+    only = list(client.completions.create(model=model, prompt=PROMPT, echo=True, max_tokens=0, stream=True))
+    assert [c.choices[0].text for c in only] == [PROMPT] and only[0].choices[0].finish_reason == "length"
+
+
+def test_return_token_ids_and_tokens_as_ids(client, model, tokenizer):
+    ids = tokenizer.encode(PROMPT)
+    r = client.completions.create(model=model, prompt=PROMPT, max_tokens=5, temperature=0, logprobs=1,
+                                  extra_body={"return_token_ids": True, "return_tokens_as_token_ids": True})
+    c = r.choices[0]
+    assert c.prompt_token_ids == ids and len(c.token_ids) == r.usage.completion_tokens == 5
+    assert tokenizer.decode(c.token_ids) == c.text
+    assert c.logprobs.tokens == [f"token_id:{t}" for t in c.token_ids]
+    assert all(f"token_id:{t}" in top for t, top in zip(c.token_ids, c.logprobs.top_logprobs))
+    chunks = list(client.completions.create(model=model, prompt=PROMPT, max_tokens=5, temperature=0, stream=True,
+                                            extra_body={"return_token_ids": True}))
+    assert chunks[0].choices[0].prompt_token_ids == ids
+    assert [t for ch in chunks for t in ch.choices[0].token_ids] == c.token_ids
+
+    chat = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=4, temperature=0,
+                                          logprobs=True, extra_body={"return_token_ids": True, "return_tokens_as_token_ids": True})
+    assert len(chat.prompt_token_ids) == chat.usage.prompt_tokens
+    assert tokenizer.decode(chat.choices[0].token_ids) == chat.choices[0].message.content
+    assert [e.token for e in chat.choices[0].logprobs.content] == [f"token_id:{t}" for t in chat.choices[0].token_ids]
+    stream = list(client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
+                                                 temperature=0, stream=True, extra_body={"return_token_ids": True}))
+    assert stream[0].prompt_token_ids == chat.prompt_token_ids
+    assert [t for ch in stream for t in (ch.choices[0].token_ids or [])] == chat.choices[0].token_ids
+
+
+def test_prompt_logprobs_null_unless_asked_and_on_chat(client, model, reference):
+    assert client.completions.create(model=model, prompt="Hi", max_tokens=1).choices[0].prompt_logprobs is None
+    messages = [{"role": "user", "content": "Name a colour."}]
+    assert client.chat.completions.create(model=model, messages=messages, max_tokens=1).prompt_logprobs is None
+    r = client.chat.completions.create(model=model, messages=messages, max_tokens=1,
+                                       extra_body={"prompt_logprobs": 1, "return_token_ids": True})
+    ids, plp = r.prompt_token_ids, r.prompt_logprobs
+    assert len(plp) == len(ids) == r.usage.prompt_tokens and plp[0] is None
+    got = [plp[i][str(ids[i])]["logprob"] for i in range(1, len(ids))]
+    assert got == pytest.approx(reference(ids), abs=1e-3)
+    assert all(1 <= len(pos) <= 2 for pos in plp[1:])
+    with pytest.raises(openai.BadRequestError, match="stream=True"):
+        client.completions.create(model=model, prompt="Hi", max_tokens=1, stream=True, extra_body={"prompt_logprobs": 1})
+
+
+def test_stream_options_and_cached_tokens(client, model):
+    with pytest.raises(openai.BadRequestError, match="Stream options can only be defined when `stream=True`"):
+        client.completions.create(model=model, prompt="Hi", max_tokens=1, stream_options={"include_usage": True})
+    with pytest.raises(openai.BadRequestError, match="Stream options"):
+        client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=1,
+                                       stream_options={"include_usage": True})
+    opts = {"include_usage": True, "continuous_usage_stats": True}
+    for chunks in (
+        list(client.completions.create(model=model, prompt="Once upon a time", max_tokens=5, temperature=0,
+                                       stream=True, stream_options=opts, extra_body={"ignore_eos": True})),
+        list(client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Count to ten."}], max_tokens=5,
+                                            temperature=0, stream=True, stream_options=opts, extra_body={"ignore_eos": True})),
+    ):
+        assert all(c.usage is not None for c in chunks)
+        counts = [c.usage.completion_tokens for c in chunks]
+        assert counts == sorted(counts) and counts[-1] == 5 and chunks[-1].choices == []
+        assert all(c.usage.total_tokens == c.usage.prompt_tokens + c.usage.completion_tokens for c in chunks)
+
+    long_prompt = " ".join(f"word{i}" for i in range(60)) + " unique-cached-prefix-test"
+    first = client.completions.create(model=model, prompt=long_prompt, max_tokens=1)
+    second = client.completions.create(model=model, prompt=long_prompt, max_tokens=1)
+    assert first.usage.prompt_tokens > 3 * BLOCK and first.usage.prompt_tokens_details.cached_tokens == 0
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached > 0 and cached % BLOCK == 0 and cached < second.usage.prompt_tokens
+
+
+def test_truncate_prompt_tokens(client, model, tokenizer):
+    ids = tokenizer.encode(PROMPT)
+    left = client.completions.create(model=model, prompt=PROMPT, max_tokens=1, extra_body={"truncate_prompt_tokens": 4, "return_token_ids": True})
+    assert left.choices[0].prompt_token_ids == ids[-4:] and left.usage.prompt_tokens == 4
+    right = client.completions.create(model=model, prompt=PROMPT, max_tokens=1,
+                                      extra_body={"truncate_prompt_tokens": 4, "truncation_side": "right", "return_token_ids": True})
+    assert right.choices[0].prompt_token_ids == ids[:4]
+    # a prompt longer than max_model_len (1024) is served once truncated
+    huge = " ".join(["word"] * 1500)
+    r = client.completions.create(model=model, prompt=huge, max_tokens=1, extra_body={"truncate_prompt_tokens": 100})
+    assert r.usage.prompt_tokens == 100
+    chat = client.chat.completions.create(model=model, messages=[{"role": "user", "content": PROMPT}], max_tokens=1,
+                                          extra_body={"truncate_prompt_tokens": 6})
+    assert chat.usage.prompt_tokens == 6
+    for bad in (0, -2, 1025):
+        with pytest.raises(openai.BadRequestError, match="truncate_prompt_tokens"):
+            client.completions.create(model=model, prompt=PROMPT, max_tokens=1, extra_body={"truncate_prompt_tokens": bad})
+
+
+def test_logprob_caps_and_errors_name_bad_values(client, model):
+    with pytest.raises(openai.BadRequestError, match="--max-logprobs"):
+        client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=1, logprobs=True, top_logprobs=-1)
+    with pytest.raises(openai.BadRequestError, match="--max-logprobs"):
+        client.completions.create(model=model, prompt="Hi", max_tokens=1, logprobs=-1)
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.completions.create(model=model, prompt="Hi", max_tokens=1, logit_bias={"abc": 1, "7": 2, "x1": 3})
+    assert "'abc'" in exc.value.message and "'x1'" in exc.value.message and "'7'" not in exc.value.message
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.completions.create(model=model, prompt="Hi", max_tokens=1, logit_bias={"999999": 1, "1000001": 1})
+    assert "999999" in exc.value.message and "1000001" in exc.value.message
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.completions.create(model=model, prompt=[1, 2, 999999, 3, 50000000], max_tokens=1)
+    assert "999999 at position 2" in exc.value.message and "50000000 at position 4" in exc.value.message
+
+
+def test_chat_echo_and_beam_fields_accepted(client, model):
+    messages = [{"role": "user", "content": "Say a sentence."}, {"role": "assistant", "content": "The answer is"}]
+    kw = dict(model=model, messages=messages, max_tokens=3, temperature=0)
+    body = {"continue_final_message": True, "add_generation_prompt": False}
+    plain = client.chat.completions.create(**kw, extra_body=body).choices[0].message.content
+    echoed = client.chat.completions.create(**kw, extra_body={**body, "echo": True}).choices[0].message.content
+    assert echoed == "The answer is" + plain
+    chunks = list(client.chat.completions.create(**kw, stream=True, extra_body={**body, "echo": True}))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == echoed
+    r = client.completions.create(model=model, prompt="Hi", max_tokens=1,
+                                  extra_body={"use_beam_search": False, "length_penalty": 1.0, "early_stopping": False})
+    assert r.choices[0].finish_reason == "length"
