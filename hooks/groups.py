@@ -26,7 +26,9 @@ from host.hooks import (
     kv_connectors,
     platforms,
     quantization,
+    reasoning_parsers,
     stat_loggers,
+    tool_parsers,
 )
 
 PROCESSES: tuple[str, ...] = ("api", "engine", "worker")
@@ -42,6 +44,8 @@ FAMILIES: tuple[ModuleType, ...] = (
     io_processors,
     endpoints,
     stat_loggers,
+    tool_parsers,
+    reasoning_parsers,
 )
 
 

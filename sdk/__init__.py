@@ -34,7 +34,9 @@ from host.sdk.kv_connector import (
 )
 from host.sdk.platform import Platform, PlatformEnum, UnspecifiedPlatform
 from host.sdk.quantization import LinearMethod, QuantizationMethod
+from host.sdk.reasoning_parser import ReasoningParser, ReasoningStream
 from host.sdk.stat_logger import StatLogger
+from host.sdk.tool_parser import ExtractedToolCalls, PartialToolCalls, ToolCall, ToolCallStream, ToolParser
 
 __all__ = [
     "APIError",
@@ -45,6 +47,7 @@ __all__ = [
     "CommonAttentionMetadata",
     "EndpointPlugin",
     "Executor",
+    "ExtractedToolCalls",
     "IOProcessor",
     "KVConnector",
     "KVConnectorMetadata",
@@ -52,10 +55,16 @@ __all__ = [
     "KVConnectorTransferResults",
     "LinearMethod",
     "MultipleOf",
+    "PartialToolCalls",
     "Platform",
     "PlatformEnum",
     "QuantizationMethod",
+    "ReasoningParser",
+    "ReasoningStream",
     "StatLogger",
+    "ToolCall",
+    "ToolCallStream",
+    "ToolParser",
     "UnspecifiedPlatform",
     "error_body",
     "error_response",

@@ -10,6 +10,11 @@ request that samples a token this step; the model runner turns the rows into a `
 before any other logits processor. Sampled tokens are then fed back to the request's grammar
 matcher.
 
+With ``reasoning_end_token_ids`` (a reasoning parser's end tag) the constraint waits: until the
+output has generated those tokens in a row, the request's bitmask row stays all-allowed and its
+tokens are not fed to the matcher; the tokens after the end tag are the grammar's first. A prompt that already holds the end tag
+(a template's closed, empty reasoning) starts the grammar at once, as vLLM does.
+
 JSON schemas are compiled without free whitespace between tokens (``any_whitespace=False``):
 small models otherwise tend to emit whitespace until ``max_tokens`` runs out, which is never
 valid JSON.
@@ -42,6 +47,16 @@ class StructuredOutputRequest:
         self.future = future
         self.matcher: Any = None
         self.error: str | None = None
+        self.reasoning_end = list(params.reasoning_end_token_ids or [])
+        self.active = not self.reasoning_end  # the grammar constrains from this token on
+        self._tail: list[int] = []  # the last generated tokens, to spot the end tag
+
+    def see_reasoning_token(self, token: int) -> None:
+        """One token generated while the reasoning runs; it activates the grammar when it
+        completes the end tag."""
+        self._tail = (self._tail + [token])[-len(self.reasoning_end):]
+        if self._tail == self.reasoning_end:
+            self.active = True
 
     def ready(self) -> bool:
         """Whether compilation finished (successfully or with ``error`` set)."""
@@ -55,6 +70,13 @@ class StructuredOutputRequest:
         else:
             self.matcher = self.future.result()
         return True
+
+
+def contains(ids: list[int], seq: list[int]) -> bool:
+    """Whether ``seq`` occurs in ``ids`` as consecutive tokens."""
+    n = len(seq)
+    first = seq[0]
+    return any(ids[i] == first and list(ids[i:i + n]) == seq for i in range(len(ids) - n + 1))
 
 
 def choice_grammar(choices: list[str]) -> str:
@@ -109,7 +131,10 @@ class StructuredOutputManager:
         """Start compiling the request's constraint (the request waits until it is done)."""
         params = request.sampling_params.structured_outputs
         assert params is not None
-        request.structured_output = StructuredOutputRequest(params, self._executor.submit(self._compile, params))
+        so = StructuredOutputRequest(params, self._executor.submit(self._compile, params))
+        if so.reasoning_end and contains(request.prompt_token_ids, so.reasoning_end):
+            so.active = True  # the prompt already closed the reasoning (a template's "no thinking" turn)
+        request.structured_output = so
 
     # -- every step -----------------------------------------------------------------------------
     def grammar_bitmask(self, requests: list["Request"]) -> torch.Tensor:
@@ -118,7 +143,7 @@ class StructuredOutputManager:
         bitmask = torch.full((len(requests), self.words), -1, dtype=torch.int32)
         for i, request in enumerate(requests):
             so = request.structured_output
-            if so is not None and so.matcher is not None and not so.matcher.is_terminated():
+            if so is not None and so.active and so.matcher is not None and not so.matcher.is_terminated():
                 so.matcher.fill_next_token_bitmask(bitmask, i)
         return bitmask
 
@@ -129,6 +154,9 @@ class StructuredOutputManager:
         if so is None or so.matcher is None:
             return True
         for tok in token_ids:
+            if not so.active:
+                so.see_reasoning_token(tok)
+                continue
             if so.matcher.is_terminated():
                 return True
             if not so.matcher.accept_token(tok):

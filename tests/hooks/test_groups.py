@@ -39,9 +39,11 @@ def test_group_table_as_the_host_reads_it():
     assert list(GROUPS) == [
         "host.general", "host.platforms", "host.attention_backends", "host.quantization",
         "host.kv_connectors", "host.executors", "host.io_processors", "host.endpoints",
-        "host.stat_loggers",
+        "host.stat_loggers", "host.tool_parsers", "host.reasoning_parsers",
     ]
-    assert groups_for("api", include_lazy=False) == ["host.general", "host.io_processors", "host.endpoints", "host.stat_loggers"]
+    assert groups_for("api", include_lazy=False) == [
+        "host.general", "host.io_processors", "host.endpoints", "host.stat_loggers", "host.tool_parsers", "host.reasoning_parsers",
+    ]
     assert groups_for("api")[:2] == ["host.general", "host.platforms"]
     assert "host.executors" in groups_for("engine") and "host.executors" not in groups_for("worker")
     assert (groups.GENERAL_GROUP, groups.PLATFORMS_GROUP, groups.ENDPOINTS_GROUP) == (

@@ -1,0 +1,161 @@
+"""Tool calling on /v1/chat/completions through the official openai client, against one real
+``host serve --enable-auto-tool-choice --tool-call-parser hermes`` on SmolLM2-135M-Instruct.
+
+The model knows nothing of tools: ``tool_choice`` "required" and named must still return
+schema-valid calls (structured outputs enforce them); the calls are validated with
+``jsonschema`` against each tool's own ``parameters``, never against our own output."""
+
+from __future__ import annotations
+
+import json
+from typing import Iterator
+
+import jsonschema
+import openai
+import pytest
+
+from helpers import Server, run_server
+
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 12}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+TIME = {
+    "type": "object",
+    "properties": {"zone": {"type": "string", "enum": ["UTC", "CET", "PST"]}},
+    "required": ["zone"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city", "parameters": WEATHER}},
+    {"type": "function", "function": {"name": "get_time", "description": "Current time in a zone", "parameters": TIME}},
+]
+SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator[Server]:
+    with run_server(tmp_path_factory.mktemp("tools"), ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]) as s:
+        yield s
+
+
+def check_call(call, name: str | None = None) -> dict:
+    assert call.type == "function"
+    assert call.id.startswith("chatcmpl-tool-")
+    assert call.function.name in SCHEMAS
+    if name is not None:
+        assert call.function.name == name
+    args = json.loads(call.function.arguments)
+    jsonschema.validate(args, SCHEMAS[call.function.name])
+    return args
+
+
+def test_required_returns_schema_valid_calls(client, model):
+    resp = client.chat.completions.create(
+        model=model, messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=120, temperature=0,
+    )
+    choice = resp.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None
+    assert choice.message.tool_calls
+    for call in choice.message.tool_calls:
+        check_call(call)
+
+
+def test_named_function_and_its_stream(client, model):
+    named = {"type": "function", "function": {"name": "get_time"}}
+    resp = client.chat.completions.create(model=model, messages=ASK, tools=TOOLS, tool_choice=named, max_tokens=60, temperature=0)
+    choice = resp.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None
+    [call] = choice.message.tool_calls
+    args = check_call(call, "get_time")
+
+    chunks = list(client.chat.completions.create(
+        model=model, messages=ASK, tools=TOOLS, tool_choice=named, max_tokens=60, temperature=0, stream=True,
+    ))
+    deltas = [tc for c in chunks for ch in c.choices for tc in (ch.delta.tool_calls or [])]
+    first = deltas[0]
+    assert (first.index, first.type, first.function.name) == (0, "function", "get_time")
+    assert first.id.startswith("chatcmpl-tool-") and first.function.arguments == ""
+    assert all(d.index == 0 and d.id is None for d in deltas[1:])
+    streamed = "".join(d.function.arguments or "" for d in deltas)
+    assert json.loads(streamed) == args  # greedy: the same call as the non-streamed one
+    assert [ch.finish_reason for c in chunks for ch in c.choices if ch.finish_reason] == ["tool_calls"]
+
+
+def test_required_stream_concatenates_to_the_call(client, model):
+    kwargs = dict(model=model, messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=120, temperature=0, parallel_tool_calls=False)
+    resp = client.chat.completions.create(**kwargs)
+    [call] = resp.choices[0].message.tool_calls
+    chunks = list(client.chat.completions.create(**kwargs, stream=True))
+    calls: dict[int, dict] = {}
+    for c in chunks:
+        for ch in c.choices:
+            for tc in ch.delta.tool_calls or []:
+                entry = calls.setdefault(tc.index, {"id": tc.id, "name": tc.function.name, "arguments": ""})
+                entry["arguments"] += tc.function.arguments or ""
+    assert list(calls) == [0]
+    assert calls[0]["name"] == call.function.name and calls[0]["id"].startswith("chatcmpl-tool-")
+    assert json.loads(calls[0]["arguments"]) == json.loads(call.function.arguments)
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_none_returns_content(client, model):
+    resp = client.chat.completions.create(model=model, messages=ASK, tools=TOOLS, tool_choice="none", max_tokens=16, temperature=0)
+    msg = resp.choices[0].message
+    assert isinstance(msg.content, str) and msg.content
+    assert not msg.tool_calls
+    assert resp.choices[0].finish_reason in ("stop", "length")
+
+
+def test_auto_without_a_call_is_content(client, model):
+    # the hermes parser reads the output; SmolLM2 answers in prose, so no call and the text stays content
+    resp = client.chat.completions.create(model=model, messages=ASK, tools=TOOLS, max_tokens=16, temperature=0)
+    msg = resp.choices[0].message
+    assert "<tool_call>" not in (msg.content or "")
+    assert not msg.tool_calls and isinstance(msg.content, str)
+
+
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        (dict(tool_choice="required"), "`tools` must be set"),
+        (dict(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}}), "not among tools"),
+        (dict(tools=TOOLS, tool_choice="sometimes"), "tool_choice"),
+        (dict(tools=TOOLS, tool_choice="required", response_format={"type": "json_object"}), "structured outputs"),
+        (dict(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_time"}},
+              extra_body={"structured_outputs": {"regex": "a+"}}), "structured outputs"),
+        (dict(tools=[{"type": "function", "function": {"parameters": {}}}], tool_choice="required"), "tools[0].function.name"),
+    ],
+)
+def test_inconsistent_input_is_400(client, model, kwargs, fragment):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=model, messages=ASK, max_tokens=4, **kwargs)
+    assert fragment in err.value.message
+
+
+def test_agent_loop(client, model):
+    """call -> tool result in the next turn -> a final answer in plain text."""
+    messages = list(ASK)
+    resp = client.chat.completions.create(
+        model=model, messages=messages, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=60, temperature=0,
+    )
+    [call] = resp.choices[0].message.tool_calls
+    args = check_call(call, "get_weather")
+    messages.append(resp.choices[0].message.model_dump(exclude_none=True))
+    result = f"Sunny, 21 degrees {args['unit']} in {args['city']}."
+    messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+    # the tool result must reach the prompt: /tokenize renders the same template
+    final = client.chat.completions.create(model=model, messages=messages, tools=TOOLS, tool_choice="none", max_tokens=24, temperature=0)
+    choice = final.choices[0]
+    assert choice.finish_reason in ("stop", "length")
+    assert isinstance(choice.message.content, str) and choice.message.content
+    assert not choice.message.tool_calls
+    prompt_tokens = final.usage.prompt_tokens
+    bare = client.chat.completions.create(model=model, messages=ASK, tools=TOOLS, tool_choice="none", max_tokens=1, temperature=0)
+    assert prompt_tokens > bare.usage.prompt_tokens + 10  # the call and its result are in the prompt
