@@ -1,6 +1,7 @@
 """Built-in HTTP routes (entry point ``host.endpoints: builtin_endpoints``): the OpenAI API
 (``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``) and the server routes
-(``/tokenize``, ``/detokenize``, ``/health``, ``/version``, ``/metrics``, ``/v1/plugins``),
+(``/tokenize``, ``/detokenize``, ``/tokenizer_info``, ``/health``, ``/version``, ``/load``, ``/metrics``,
+``/v1/plugins``) and SageMaker's ``/invocations``,
 each an :class:`host.sdk.EndpointPlugin` registered exactly as a third-party one would be."""
 
 from __future__ import annotations
@@ -14,20 +15,26 @@ from host.sdk import hookimpl
 def host_register_endpoints(register: Callable[..., None]) -> None:
     from host.plugins.endpoints.chat import ChatCompletionsEndpoint
     from host.plugins.endpoints.completions import CompletionsEndpoint
+    from host.plugins.endpoints.sagemaker import InvocationsEndpoint
     from host.plugins.endpoints.server_routes import (
         HealthEndpoint,
+        LoadEndpoint,
         MetricsEndpoint,
         ModelsEndpoint,
         PluginsEndpoint,
         TokenizeEndpoint,
+        TokenizerInfoEndpoint,
     )
 
     for plugin in (
         CompletionsEndpoint(),
         ChatCompletionsEndpoint(),
         ModelsEndpoint(),
+        InvocationsEndpoint(),
         TokenizeEndpoint(),
+        TokenizerInfoEndpoint(),
         HealthEndpoint(),
+        LoadEndpoint(),
         MetricsEndpoint(),
         PluginsEndpoint(),
     ):

@@ -101,12 +101,17 @@ def apply_template(
     kwargs: dict[str, Any],
     trusted: bool,
     max_request_bytes: int,
+    template: str | None = None,
     **options: Any,
 ) -> str:
     """The prompt text of ``messages`` (call in a worker thread). ``kwargs`` are the request's
-    ``chat_template_kwargs``; ``options`` go to ``apply_chat_template`` as they are. Every
-    failure is an :class:`APIError` 400."""
+    ``chat_template_kwargs``; ``template`` is the server's ``--chat-template`` text (trusted: the
+    operator's), used instead of the tokenizer's unless the request names or brings one;
+    ``options`` go to ``apply_chat_template`` as they are. Every failure is an
+    :class:`APIError` 400."""
     own = request_template(tokenizer, kwargs, trusted)
+    if template is not None and kwargs.get("chat_template") is None:
+        kwargs = {**kwargs, "chat_template": template}
 
     def render() -> str:
         return tokenizer.apply_chat_template(messages, tokenize=False, **options, **kwargs)

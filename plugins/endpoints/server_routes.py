@@ -1,6 +1,9 @@
 """The non-generation routes, as endpoint plugins: ``/v1/models``, ``/tokenize`` and
-``/detokenize``, ``/health`` and ``/version``, ``/metrics`` (Prometheus) and ``/v1/plugins``
-(what ``host plugins list --json`` prints, for every process of this server)."""
+``/detokenize``, ``/tokenizer_info`` (with ``--enable-tokenizer-info-endpoint``), ``/health`` and
+``/version``, ``/load`` (with ``--enable-server-load-tracking``), ``/metrics`` (Prometheus) and
+``/v1/plugins`` (what ``host plugins list --json`` prints, for every process of this server).
+
+A route behind a flag is not attached without it, so it answers 404 as on vLLM."""
 
 from __future__ import annotations
 
@@ -12,8 +15,7 @@ import msgspec
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from host.plugins.endpoints.chat import normalize_messages
-from host.plugins.endpoints.chat_template import apply_template
+from host.plugins.endpoints.chat import render_chat_text
 from host.plugins.endpoints.common import (
     FastJSONResponse,
     check_counts,
@@ -38,11 +40,12 @@ class ModelsEndpoint(EndpointPlugin):
         async def list_models(raw: Request) -> JSONResponse:
             state = raw.app.state
             created = int(state.started_at)
+            root = state.served_model_names[0]  # the served name, never the local path it resolved to
             return JSONResponse({
                 "object": "list",
                 "data": [
                     {"id": name, "object": "model", "created": created, "owned_by": "host",
-                     "root": state.model_path, "max_model_len": state.max_model_len}
+                     "root": root, "parent": None, "max_model_len": state.max_model_len, "permission": []}
                     for name in state.served_model_names
                 ],
             })
@@ -53,22 +56,24 @@ class ModelsEndpoint(EndpointPlugin):
         return [("GET", "/v1/models")]
 
 
-def _tokenize(tok: Any, body: TokenizeRequest, max_model_len: int, max_request_bytes: int, process: TokenizerProcess) -> Response:
-    """``/tokenize``'s answer (CPU work: runs in the worker pool)."""
+def _tokenize(tok: Any, body: TokenizeRequest, max_model_len: int, settings: Any, process: TokenizerProcess) -> Response:
+    """``/tokenize``'s answer (CPU work: runs in the worker pool). Messages are rendered as the
+    chat route renders them (``--chat-template``, ``continue_final_message``, ``tools``,
+    ``chat_template_kwargs``); ``add_special_tokens`` defaults to True for a prompt and False
+    for messages, as on vLLM. ``token_strs`` is ``null`` unless ``return_token_strs``."""
     if body.prompt is not None:
-        text, special = body.prompt, body.add_special_tokens
+        text = body.prompt
+        special = True if body.add_special_tokens is None else body.add_special_tokens
     else:
-        text = apply_template(
-            tok, normalize_messages(body.messages), kwargs={}, trusted=False, max_request_bytes=max_request_bytes,
-            add_generation_prompt=body.add_generation_prompt,
-        )
-        special = False
-    if process.handles(text):  # the ids come back as JSON: no Python int is made of them here
+        text = render_chat_text(tok, body, settings)
+        special = bool(body.add_special_tokens)
+    if process.handles(text) and not body.return_token_strs:  # ids as JSON: no Python int is made of them here
         count, ids_json = process.encode_json(text, special)
         head = msgspec.json.encode({"count": count, "max_model_len": max_model_len})
-        return FastJSONResponse.from_rendered(head[:-1] + b',"tokens":' + ids_json + b"}")
+        return FastJSONResponse.from_rendered(head[:-1] + b',"tokens":' + ids_json + b',"token_strs":null}')
     ids = encode_text(tok, text, special)
-    return FastJSONResponse({"count": len(ids), "max_model_len": max_model_len, "tokens": ids})
+    strs = tok.convert_ids_to_tokens(ids) if body.return_token_strs else None
+    return FastJSONResponse({"count": len(ids), "max_model_len": max_model_len, "tokens": ids, "token_strs": strs})
 
 
 def _detokenize(tok: Any, tokens: list[int], vocab: int) -> JSONResponse:
@@ -95,9 +100,7 @@ class TokenizeEndpoint(EndpointPlugin):
                 raise APIError(400, "give exactly one of prompt and messages", param="prompt")
             check_counts(body)
             state = raw.app.state
-            return await off_loop(
-                _tokenize, engine.tokenizer, body, state.max_model_len, state.settings.max_request_bytes, tokenizer_process(raw),
-            )
+            return await off_loop(_tokenize, engine.tokenizer, body, state.max_model_len, state.settings, tokenizer_process(raw))
 
         @router.post("/detokenize", summary="Turn token ids back into text")
         async def detokenize(body: DetokenizeRequest, raw: Request) -> JSONResponse:
@@ -109,6 +112,106 @@ class TokenizeEndpoint(EndpointPlugin):
 
     def routes(self) -> list[tuple[str, str]]:
         return [("POST", "/tokenize"), ("POST", "/detokenize")]
+
+
+def _jsonable(value: Any) -> Any:
+    """A tokenizer setting as JSON: an ``AddedToken`` as its text, containers item by item, any
+    other object as its ``str``."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [_jsonable(v) for v in value]
+    content = getattr(value, "content", None)  # tokenizers.AddedToken
+    return content if isinstance(content, str) else str(value)
+
+
+def tokenizer_info(tok: Any, chat_template: str | None) -> dict[str, Any]:
+    """What ``/tokenizer_info`` answers, as vLLM does: ``tokenizer_class`` and the tokenizer's
+    settings (its ``init_kwargs`` but private ones and file paths: ``model_max_length``, the
+    special tokens, ``added_tokens_decoder``...), with ``chat_template`` the template in use
+    (``--chat-template``, else the tokenizer's)."""
+    info: dict[str, Any] = {
+        k: _jsonable(v) for k, v in (getattr(tok, "init_kwargs", None) or {}).items()
+        if not k.startswith("_") and k not in ("name_or_path", "vocab_file", "merges_file", "tokenizer_file")
+    }
+    info["tokenizer_class"] = type(tok).__name__
+    info["model_max_length"] = _jsonable(getattr(tok, "model_max_length", info.get("model_max_length")))
+    for name, token in (getattr(tok, "special_tokens_map", None) or {}).items():
+        info[name] = _jsonable(token)
+    template = chat_template if chat_template is not None else getattr(tok, "chat_template", None)
+    if template is not None:
+        info["chat_template"] = _jsonable(template)
+    return info
+
+
+class TokenizerInfoEndpoint(EndpointPlugin):
+    """``GET /tokenizer_info``, attached only with ``--enable-tokenizer-info-endpoint`` (it shows
+    the chat template and special tokens, which an operator may not want public)."""
+
+    name = "tokenizer_info"
+
+    def attach_router(self, app: Any) -> None:
+        if not getattr(app.state.settings, "enable_tokenizer_info_endpoint", False):
+            return
+        router = APIRouter()
+
+        @router.get("/tokenizer_info", summary="The tokenizer's class, limits, special tokens and chat template")
+        async def info(raw: Request) -> JSONResponse:
+            engine = engine_of(raw)
+            return JSONResponse(tokenizer_info(engine.tokenizer, raw.app.state.settings.chat_template))
+
+        app.include_router(router)
+
+    def routes(self) -> list[tuple[str, str]]:
+        return [("GET", "/tokenizer_info")]
+
+
+LOAD_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/invocations"})
+"""The routes whose requests ``/load`` counts: those that generate (vLLM's load-aware routes)."""
+
+
+class LoadCounter:
+    """ASGI middleware: the generation requests (:data:`LOAD_PATHS`) in flight, from the request's
+    arrival until its response (a stream included) has been sent or failed."""
+
+    def __init__(self, app: Any, state: Any) -> None:
+        self.app = app
+        self.state = state
+        state.server_load = 0
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope.get("path") not in LOAD_PATHS:
+            await self.app(scope, receive, send)
+            return
+        self.state.server_load += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.state.server_load -= 1
+
+
+class LoadEndpoint(EndpointPlugin):
+    """``GET /load`` → ``{"server_load": N}``, the generation requests in flight; attached only
+    with ``--enable-server-load-tracking`` (a load balancer polls it)."""
+
+    name = "server_load"
+
+    def attach_router(self, app: Any) -> None:
+        if not getattr(app.state.settings, "enable_server_load_tracking", False):
+            return
+        app.add_middleware(LoadCounter, state=app.state)
+        router = APIRouter()
+
+        @router.get("/load", summary="The number of generation requests in flight")
+        async def load(raw: Request) -> JSONResponse:
+            return JSONResponse({"server_load": getattr(raw.app.state, "server_load", 0)})
+
+        app.include_router(router)
+
+    def routes(self) -> list[tuple[str, str]]:
+        return [("GET", "/load")]
 
 
 class HealthEndpoint(EndpointPlugin):

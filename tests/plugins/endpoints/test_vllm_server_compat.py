@@ -1,0 +1,175 @@
+"""``host serve`` as a vLLM launch script starts it: the model named as typed, ``--chat-template``,
+``/tokenize``'s ``token_strs`` and ``continue_final_message``, ``/tokenizer_info``,
+``/invocations`` and ``/load`` — one server, started with those flags and an API key; the
+reference is transformers on the same weights and tokenizer, and the official ``openai``
+client's types."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Iterator
+
+import httpx
+import openai
+import pytest
+from openai.types import Completion
+from openai.types.chat import ChatCompletion
+
+from helpers import Server, hf_greedy, hf_model, run_server
+
+TYPED = "HuggingFaceTB/SmolLM2-135M-Instruct"
+KEY = "sekret"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+# ChatML without the default system prompt SmolLM2's own template adds: renders differ, so a test
+# can tell which template was used
+TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator[Server]:
+    tmp = tmp_path_factory.mktemp("compat")
+    template = tmp / "chatml.jinja"
+    template.write_text(TEMPLATE)
+    args = [
+        TYPED, "--api-key", KEY, "--chat-template", str(template), "--enable-tokenizer-info-endpoint",
+        "--enable-server-load-tracking", "--trust-remote-code", "--disable-log-requests", "--seed", "1234",
+        "--max-logprobs", "5", "--enable-chunked-prefill", "--tensor-parallel-size", "1",
+    ]
+    with run_server(tmp, args) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    import transformers
+
+    from host.core.models.default_model import default_model_path
+
+    return transformers.AutoTokenizer.from_pretrained(default_model_path())
+
+
+@pytest.fixture(scope="module")
+def reference():
+    from host.core.models.default_model import default_model_path
+
+    return hf_model(default_model_path())
+
+
+def chat_ids(tokenizer, messages, **options) -> list[int]:
+    """The reference prompt ids of ``messages``: transformers renders, then tokenizes the text."""
+    return tokenizer.encode(tokenizer.apply_chat_template(messages, tokenize=False, **options), add_special_tokens=False)
+
+
+def post(server: Server, path: str, body: dict, headers: dict = AUTH) -> httpx.Response:
+    return httpx.post(f"{server.url}{path}", json=body, headers=headers, timeout=60)
+
+
+def test_the_model_is_served_under_the_name_typed(client, server):
+    models = client.models.list().data
+    assert [m.id for m in models] == [TYPED]
+    from host.core.models.default_model import cache_dir
+
+    assert models[0].root == TYPED and cache_dir() not in str(models[0].model_dump())  # no local path
+    out = client.completions.create(model=TYPED, prompt="Hello", max_tokens=2)
+    assert out.model == TYPED
+    with pytest.raises(openai.NotFoundError, match="smollm2-135m-instruct-"):
+        client.completions.create(model="smollm2-135m-instruct-b179c9523d0e", prompt="Hello", max_tokens=2)
+    log = server.log()
+    assert "--trust-remote-code has no effect here" in log and "--disable-log-requests has no effect here" in log
+    assert "--tensor-parallel-size" not in log  # 1 is what host runs anyway
+
+
+def test_chat_uses_the_chat_template_flag(client, tokenizer, reference):
+    ids = chat_ids(tokenizer, MESSAGES, chat_template=TEMPLATE, add_generation_prompt=True)
+    assert ids != chat_ids(tokenizer, MESSAGES, add_generation_prompt=True)
+    out = client.chat.completions.create(model=TYPED, messages=MESSAGES, max_tokens=8, temperature=0, extra_body={"ignore_eos": True})
+    assert out.usage.prompt_tokens == len(ids)
+    expected = hf_greedy(reference, ids, 8)
+    assert out.choices[0].message.content == tokenizer.decode(expected, skip_special_tokens=True)
+
+
+def test_tokenize_returns_token_strs(server, tokenizer):
+    prompt = "Tokenize me, naïvely: 12345"
+    body = post(server, "/tokenize", {"model": TYPED, "prompt": prompt, "return_token_strs": True}).json()
+    ids = tokenizer.encode(prompt)
+    assert body["tokens"] == ids and body["count"] == len(ids)
+    assert body["token_strs"] == tokenizer.convert_ids_to_tokens(ids)
+    assert post(server, "/tokenize", {"prompt": prompt}).json()["token_strs"] is None
+
+
+def test_tokenize_messages_follow_the_chat_rendering(server, tokenizer):
+    body = post(server, "/tokenize", {"messages": MESSAGES}).json()
+    assert body["tokens"] == chat_ids(tokenizer, MESSAGES, chat_template=TEMPLATE, add_generation_prompt=True)
+    partial = [*MESSAGES, {"role": "assistant", "content": "The capital of France is"}]
+    body = post(server, "/tokenize", {"messages": partial, "continue_final_message": True, "add_generation_prompt": False}).json()
+    expected = chat_ids(tokenizer, partial, chat_template=TEMPLATE, continue_final_message=True)
+    assert body["tokens"] == expected
+    assert tokenizer.decode(expected).endswith("The capital of France is")
+
+
+def test_tokenizer_info(server, tokenizer):
+    info = httpx.get(f"{server.url}/tokenizer_info", headers=AUTH).json()
+    assert info["tokenizer_class"] == type(tokenizer).__name__
+    assert info["model_max_length"] == tokenizer.model_max_length
+    assert info["eos_token"] == tokenizer.eos_token and info["bos_token"] == tokenizer.bos_token
+    assert info["chat_template"] == TEMPLATE  # the template in use: --chat-template's
+    assert "name_or_path" not in info  # no local path
+
+
+def test_invocations_dispatch_by_the_body_shape(server, tokenizer, reference):
+    root = openai.OpenAI(base_url=server.url, api_key=KEY, max_retries=0)  # /invocations is not under /v1
+    body = {"messages": MESSAGES, "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    chat = root.post("/invocations", cast_to=ChatCompletion, body=body)
+    ids = chat_ids(tokenizer, MESSAGES, chat_template=TEMPLATE, add_generation_prompt=True)
+    assert chat.object == "chat.completion" and chat.model == TYPED
+    assert chat.choices[0].message.content == tokenizer.decode(hf_greedy(reference, ids, 6), skip_special_tokens=True)
+    prompt = "The capital of France is"
+    body = {"prompt": prompt, "max_tokens": 5, "temperature": 0, "ignore_eos": True}
+    completion = root.post("/invocations", cast_to=Completion, body=body)
+    assert completion.object == "text_completion"
+    assert completion.choices[0].text == tokenizer.decode(hf_greedy(reference, tokenizer.encode(prompt), 5), skip_special_tokens=True)
+    bad = post(server, "/invocations", {"input": "hi"})
+    assert bad.status_code == 400 and "give messages (chat completions) or prompt (completions)" in bad.json()["error"]["message"]
+    bad = post(server, "/invocations", {"prompt": "hi", "max_tokens": "many"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_tokens"
+    assert post(server, "/invocations", {"prompt": "hi"}, headers={}).status_code == 401  # behind the API key
+
+
+def test_load_counts_generation_requests_in_flight(client, server):
+    def load() -> int:
+        return httpx.get(f"{server.url}/load", headers=AUTH).json()["server_load"]
+
+    assert load() == 0
+    stream = client.chat.completions.create(model=TYPED, messages=MESSAGES, max_tokens=16, stream=True,
+                                            extra_body={"ignore_eos": True})
+    next(iter(stream))  # the request is running
+    assert load() == 1
+    done = threading.Event()
+    threading.Thread(target=lambda: (list(stream), done.set()), daemon=True).start()
+    assert done.wait(120)
+    deadline = time.monotonic() + 10
+    while load() != 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert load() == 0
+
+
+def test_routes_behind_a_flag_are_404_without_it(plugin_host, tiny_checkpoint):
+    from starlette.testclient import TestClient
+
+    from host.core.engine_args import EngineArgs
+    from host.core.entrypoints.api_server import ServerSettings, build_app
+
+    config = EngineArgs(model=str(tiny_checkpoint("llama")), skip_tokenizer_init=True, max_model_len=64).create_engine_config()
+    test_client = TestClient(build_app(config, ServerSettings(), plugin_host, start_engine=False))
+    assert test_client.get("/tokenizer_info").status_code == 404
+    assert test_client.get("/load").status_code == 404
