@@ -13,6 +13,7 @@ request fails with :class:`EngineDeadError` and ``is_healthy`` turns false — n
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
@@ -21,6 +22,7 @@ from typing import Any, AsyncIterator
 
 from host.core.engine.client import AsyncMPClient, EngineDeadError, EngineStartupError
 from host.core.engine.protocol import SchedulerStats
+from host.core.frontend.beam_search import BeamSearch, BeamSearchParams, check_step_logprobs
 from host.core.frontend.input_processor import InputProcessor
 from host.core.frontend.output_processor import OutputProcessor, ProcessedOutputs, RequestOutput, RequestTiming
 from host.core.frontend.stat_loggers import StatLoggerManager
@@ -129,15 +131,18 @@ class AsyncLLM:
         prompt: str | None = None,
         priority: int = 0,
         deadline: float | None = None,
+        check_queue: bool = True,
     ) -> AsyncIterator[RequestOutput]:
         """Stream snapshots of one prompt's result until it finishes. Cancelling the consumer
         (a client that disconnected) aborts the request in the engine and frees its blocks.
 
         ``deadline`` (``time.monotonic()`` seconds): when it passes, the request is aborted in
-        the engine and its last snapshot ends it with ``finish_reason="abort"``."""
+        the engine and its last snapshot ends it with ``finish_reason="abort"``.
+        ``check_queue=False`` skips :meth:`admit` (a beam search's steps, admitted once)."""
         if self.dead_reason is not None:
             raise EngineDeadError(self.dead_reason)
-        self.admit()
+        if check_queue:
+            self.admit()
         process = functools.partial(
             self.input_processor.process,
             request_id or uuid.uuid4().hex, prompt_token_ids, params, priority=priority, whole_request_fits=True,
@@ -180,6 +185,55 @@ class AsyncLLM:
             if not stream.finished:
                 await self.abort(rid)
             self._report_ended(result, timing, params)
+
+    async def beam_search(
+        self,
+        prompt_token_ids: list[int],
+        params: BeamSearchParams,
+        request_id: str | None = None,
+        prompt: str | None = None,
+        priority: int = 0,
+        deadline: float | None = None,
+    ) -> RequestOutput:
+        """Beam search for one prompt (transformers' ``num_beams`` rules, see
+        :mod:`host.core.frontend.beam_search`): the finished :class:`RequestOutput`, its outputs
+        the ``num_return_sequences`` best beams (:class:`BeamCompletion`, best first). Bad
+        values raise ``ValueError`` before anything runs; a full queue raises the 429 of
+        :meth:`admit`. Each step runs one engine request per live beam (``<id>-b<step>-<i>``);
+        cancelling the caller aborts them. When ``deadline`` passes the search ends with what
+        it has, its live beams ending with ``finish_reason="abort"``."""
+        if self.dead_reason is not None:
+            raise EngineDeadError(self.dead_reason)
+        search = BeamSearch(prompt_token_ids, params, self.input_processor.eos_token_id, self.input_processor.max_model_len)
+        # the server's admission rule for the prompt, max_tokens and stop_token_ids
+        self.validate(prompt_token_ids, SamplingParams(max_tokens=params.max_tokens, stop_token_ids=params.stop_token_ids))
+        check_step_logprobs(search, self.input_processor.max_logprobs)
+        self.admit()
+        rid = request_id or uuid.uuid4().hex
+        step_params = search.step_params()
+
+        async def last(ids: list[int], step_id: str) -> RequestOutput:
+            out = None
+            async with contextlib.aclosing(self.generate(ids, step_params, step_id, None, priority, deadline, check_queue=False)) as stream:
+                async for out in stream:
+                    pass
+            assert out is not None
+            return out
+
+        step = 0
+        while not search.done:
+            try:
+                async with asyncio.TaskGroup() as group:  # one failing step cancels (and aborts) the others
+                    tasks = [group.create_task(last(ids, f"{rid}-b{step}-{i}")) for i, ids in enumerate(search.pending())]
+            except BaseExceptionGroup as failed:  # the caller sees the error itself (a ValueError is a 400)
+                raise failed.exceptions[0] from None
+            outs = [task.result() for task in tasks]
+            if any(out.outputs[0].finish_reason == "abort" or not out.outputs[0].logprobs for out in outs):
+                search.abort()
+                break
+            search.advance([out.outputs[0].logprobs[0] for out in outs])
+            step += 1
+        return search.result(rid, prompt, self.tokenizer)
 
     def _report_ended(self, result: RequestOutput, timing: RequestTiming | None, params: SamplingParams) -> None:
         """Tell the stat loggers about a prompt the front end ended (aborted, failed): one the

@@ -164,6 +164,7 @@ class BeamSearch:
         self.running: list[_Beam] = [_Beam([], 0.0, [] if params.logprobs is not None else None)]
         self.finished: list[tuple[float, _Beam]] = []  # (score, beam), best first, at most width
         self.done = False
+        self.aborted: set[int] = set()  # ids of the live beams an abort() ended
 
     def pending(self) -> list[list[int]]:
         return [] if self.done else [self.prompt + beam.tokens for beam in self.running]
@@ -222,12 +223,23 @@ class BeamSearch:
         out[token] = Logprob(chosen.logprob, rank, chosen.decoded_token)
         return out
 
+    def abort(self) -> None:
+        """End the search early (a deadline passed): :meth:`result` then ranks the live beams
+        with the finished ones, the live ones ending with ``finish_reason="abort"``."""
+        penalty = self.params.length_penalty
+        self.finished += [(beam.cum / len(beam.tokens) ** penalty, beam) for beam in self.running if beam.tokens]
+        self.finished.sort(key=lambda f: -f[0])
+        self.aborted = {id(beam) for beam in self.running}
+        self.running = []
+        self.done = True
+
     def result(self, request_id: str, prompt: str | None, tokenizer: Any | None) -> RequestOutput:
         """The ``num_return_sequences`` best finished beams, best first."""
         outputs: list[CompletionOutput] = []
+        aborted = self.aborted
         for index, (score, beam) in enumerate(self.finished[: self.params.num_return_sequences]):
             last = beam.tokens[-1]
-            stopped = last in self.stop_ids
+            stopped = last in self.stop_ids and id(beam) not in aborted
             text = ""
             if tokenizer is not None:
                 text = tokenizer.decode(
@@ -236,7 +248,7 @@ class BeamSearch:
                 )
             outputs.append(BeamCompletion(
                 index=index, text=text, token_ids=list(beam.tokens),
-                finish_reason="stop" if stopped else "length",
+                finish_reason="abort" if id(beam) in aborted else "stop" if stopped else "length",
                 stop_reason=last if stopped and last != self.eos_token_id else None,
                 cumulative_logprob=beam.cum, logprobs=beam.logprobs, score=score,
             ))
