@@ -1,10 +1,12 @@
 """The request parameters a plugin builds or reads: :class:`SamplingParams` and the
-structured-output constraint inside it.
+structured-output constraint inside it, and :class:`BeamSearchParams` (``use_beam_search``,
+``BeamSearchParams.from_sampling_params``) with the :class:`BeamCompletion` outputs it yields.
 
-Stable re-export of :mod:`host.core.sampling_params`; plugins import them from here, never
-from the core. Not imported by ``host.sdk`` itself (see :mod:`host.sdk.models`).
+Stable re-export of :mod:`host.core.sampling_params` and :mod:`host.core.frontend.beam_search`;
+plugins import them from here, never from the core. Not imported by ``host.sdk`` itself (see :mod:`host.sdk.models`).
 """
 
+from host.core.frontend.beam_search import BeamCompletion, BeamSearchParams
 from host.core.sampling_params import SamplingParams, StructuredOutputsParams
 
-__all__ = ["SamplingParams", "StructuredOutputsParams"]
+__all__ = ["BeamCompletion", "BeamSearchParams", "SamplingParams", "StructuredOutputsParams"]
