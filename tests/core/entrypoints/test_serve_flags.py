@@ -135,3 +135,20 @@ def test_float16_on_the_cpu_runs_in_bfloat16_with_a_warning(tiny_checkpoint, cap
     assert any("dtype float16 is not supported on the cpu platform" in r.getMessage() and "running in bfloat16" in r.getMessage()
                for r in caplog.records)
     assert EngineArgs(model=path, dtype="float", max_model_len=64).create_engine_config().model.dtype == "float32"
+
+
+def test_seed_makes_unseeded_requests_reproducible_across_restarts(tiny_checkpoint):
+    """``--seed``: a request without its own seed samples the same tokens after a restart with the
+    same engine seed, other tokens with another seed (vLLM's engine seed)."""
+    from host import LLM, SamplingParams
+
+    path = str(tiny_checkpoint("llama"))
+    params = SamplingParams(max_tokens=12, temperature=1.0, ignore_eos=True)
+
+    def sample(seed: int) -> list[int]:
+        llm = LLM(path, skip_tokenizer_init=True, max_model_len=64, seed=seed)
+        return llm.generate([{"prompt_token_ids": [5, 6, 7, 8]}], params)[0].outputs[0].token_ids
+
+    first = sample(1234)
+    assert sample(1234) == first
+    assert sample(4321) != first
