@@ -231,7 +231,7 @@ class AsyncLLM:
             if any(out.outputs[0].finish_reason == "abort" or not out.outputs[0].logprobs for out in outs):
                 search.abort()
                 break
-            search.advance([out.outputs[0].logprobs[0] for out in outs])
+            search.advance([out.outputs[0].logprobs[0] for out in outs], outs[0].num_cached_tokens)
             step += 1
         return search.result(rid, prompt, self.tokenizer)
 

@@ -165,11 +165,16 @@ class BeamSearch:
         self.finished: list[tuple[float, _Beam]] = []  # (score, beam), best first, at most width
         self.done = False
         self.aborted: set[int] = set()  # ids of the live beams an abort() ended
+        self.num_cached_tokens = 0  # the prompt's tokens the first step found in the prefix cache
 
     def pending(self) -> list[list[int]]:
         return [] if self.done else [self.prompt + beam.tokens for beam in self.running]
 
-    def advance(self, next_logprobs: list[PositionLogprobs]) -> None:
+    def advance(self, next_logprobs: list[PositionLogprobs], num_cached_tokens: int = 0) -> None:
+        """One step: ``next_logprobs`` per live beam; ``num_cached_tokens`` of the first step's
+        request is reported as the prompt's cached tokens."""
+        if not self.running[0].tokens:
+            self.num_cached_tokens = num_cached_tokens
         if len(next_logprobs) != len(self.running):
             raise ValueError(f"advance got {len(next_logprobs)} logprob dicts for {len(self.running)} live beams")
         candidates = [
@@ -252,7 +257,8 @@ class BeamSearch:
                 stop_reason=last if stopped and last != self.eos_token_id else None,
                 cumulative_logprob=beam.cum, logprobs=beam.logprobs, score=score,
             ))
-        return RequestOutput(request_id, prompt, list(self.prompt), outputs, finished=True)
+        return RequestOutput(request_id, prompt, list(self.prompt), outputs, finished=True,
+                             num_cached_tokens=self.num_cached_tokens)
 
     def step_params(self) -> SamplingParams:
         """The parameters of each step's engine requests."""

@@ -173,7 +173,8 @@ class LLM:
             start = 0
             for search in searches:
                 count = len(search.pending())
-                search.advance([out.outputs[0].logprobs[0] for out in outs[start:start + count]])
+                mine = outs[start:start + count]
+                search.advance([out.outputs[0].logprobs[0] for out in mine], mine[0].num_cached_tokens)
                 start += count
         return [search.result(self.next_request_id(), text, self.tokenizer) for (text, _), search in zip(items, searches)]
 

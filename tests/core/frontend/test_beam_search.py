@@ -109,6 +109,7 @@ def test_ignore_eos_batched_prompts_and_shared_blocks(tiny):
     after = llm.stats()
     for prompt, got in zip(prompts, outs):
         assert got.prompt_token_ids == prompt and got.finished
+        assert got.num_cached_tokens == 0  # new prompts: nothing cached before the first step
         want = hf_beams(model, prompt, 3, 6, None)[:2]
         assert_same_beams(got, want)
         assert all(c.finish_reason == "length" and len(c.token_ids) == 6 for c in got.outputs)
@@ -190,14 +191,31 @@ def test_async_llm_beam_search(tiny):
         llm = await AsyncLLM.start(config)
         try:
             got = await llm.beam_search(prompt, params, "beams")
-            assert got.request_id == "beams" and got.finished
+            assert got.request_id == "beams" and got.finished and got.num_cached_tokens == 0
             assert_same_beams(got, want)
+            again = await llm.beam_search(prompt, params)  # the prompt's full blocks are cached now
+            assert again.num_cached_tokens == 2 * BLOCK and again.outputs == got.outputs
             assert [c.text for c in got.outputs] == [llm.tokenizer.decode(t, skip_special_tokens=True) for t, _ in want]
             stats = await llm.utility("stats")  # a dict over the wire
             assert stats.get("prefix_cache_hits", 0) >= 3 * 4 * 2 * BLOCK
             assert stats.get("kv_cache_usage", 0.0) == 0.0 and not llm._streams
             with pytest.raises(ValueError, match="max_tokens"):
                 await llm.beam_search(prompt, BeamSearchParams(beam_width=2, max_tokens=100))
+            # cancelling the caller (a client gone) mid-search aborts the step's engine requests
+            task = asyncio.create_task(llm.beam_search(prompt, BeamSearchParams(beam_width=4, max_tokens=90, ignore_eos=True), "gone"))
+            while not any(rid.startswith("gone-b3-") for rid in llm._streams):
+                assert not task.done()
+                await asyncio.sleep(0.001)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert not llm._streams
+            for _ in range(50):
+                stats = await llm.utility("stats")
+                if stats.get("num_running_reqs", 0) == 0 and stats.get("num_waiting_reqs", 0) == 0:
+                    break
+                await asyncio.sleep(0.05)
+            assert stats.get("num_running_reqs", 0) == 0 and stats.get("kv_cache_usage", 0.0) == 0.0
             # a deadline passed before the first step ends the search with no beam
             late = await llm.beam_search(prompt, params, deadline=0.0)
             assert late.finished and late.outputs == []
