@@ -1,4 +1,4 @@
-"""``POST /invocations``, the SageMaker-style entry point, as an endpoint plugin.
+"""``POST /invocations`` and ``GET``/``POST /ping``, SageMaker's entry points, as an endpoint plugin.
 
 SageMaker sends every inference to one path, so the body's shape picks the route: a body with
 ``messages`` is a chat completion, one with ``prompt`` a completion. Each is validated and
@@ -6,6 +6,7 @@ answered by that route's own handler (:func:`.chat.create_chat_completion`,
 :func:`.completions.create_completion`), streams and errors included, so ``/invocations``
 behaves exactly as the route it stands for. A body with neither is a 400 naming both. Like every
 route but liveness, version and metrics, it needs the API key when the server has one.
+``/ping`` answers as ``/health`` does (SageMaker's health probe; it needs the key too).
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
 from pydantic import ValidationError
 
 from host.plugins.endpoints.chat import create_chat_completion
 from host.plugins.endpoints.completions import create_completion
 from host.plugins.endpoints.protocol import ChatCompletionRequest, CompletionRequest
+from host.plugins.endpoints.server_routes import health_response
 from host.sdk import APIError, EndpointPlugin
 
 ROUTES = (("messages", ChatCompletionRequest, create_chat_completion), ("prompt", CompletionRequest, create_completion))
@@ -47,6 +50,11 @@ async def invocations(raw: Request) -> Any:
     )
 
 
+async def ping(raw: Request) -> Response:
+    """SageMaker's health probe: ``/health``'s answer."""
+    return health_response(raw.app.state)
+
+
 class InvocationsEndpoint(EndpointPlugin):
     name = "sagemaker_invocations"
     required_tasks = ("generate",)
@@ -54,7 +62,8 @@ class InvocationsEndpoint(EndpointPlugin):
     def attach_router(self, app: Any) -> None:
         router = APIRouter()
         router.add_api_route("/invocations", invocations, methods=["POST"], summary="SageMaker: a chat completion or a completion, by the body's shape")
+        router.add_api_route("/ping", ping, methods=["GET", "POST"], summary="SageMaker's health probe: /health's answer")
         app.include_router(router)
 
     def routes(self) -> list[tuple[str, str]]:
-        return [("POST", "/invocations")]
+        return [("POST", "/invocations"), ("GET", "/ping"), ("POST", "/ping")]

@@ -214,6 +214,25 @@ class LoadEndpoint(EndpointPlugin):
         return [("GET", "/load")]
 
 
+def health_response(state: Any) -> Response:
+    """``/health``'s answer (SageMaker's ``/ping`` too): 200 while the engine is alive and
+    answering, else a 503 saying why (dead, silent past ``--engine-heartbeat-timeout``, draining)."""
+    engine = getattr(state, "engine", None)
+    if engine is None or not engine.is_healthy:
+        reason = engine.dead_reason if engine is not None else "no engine"
+        return error_response(503, f"engine is not healthy: {reason}", "ServiceUnavailableError")
+    limit = state.settings.engine_heartbeat_timeout
+    silent = engine.engine_silent_for
+    if silent > limit:
+        return error_response(
+            503, f"engine is not healthy: no message from the engine process for {silent:.0f} s "
+            f"(--engine-heartbeat-timeout {limit:g}); is it stopped or stuck?", "ServiceUnavailableError",
+        )
+    if state.drain.draining:
+        return error_response(503, "the server is draining (shutting down)", "ServiceUnavailableError")
+    return Response(status_code=200)
+
+
 class HealthEndpoint(EndpointPlugin):
     name = "health"
 
@@ -222,21 +241,7 @@ class HealthEndpoint(EndpointPlugin):
 
         @router.get("/health", summary="200 while the engine is alive and answering, 503 otherwise or while draining")
         async def health(raw: Request) -> Response:
-            state = raw.app.state
-            engine = getattr(state, "engine", None)
-            if engine is None or not engine.is_healthy:
-                reason = engine.dead_reason if engine is not None else "no engine"
-                return error_response(503, f"engine is not healthy: {reason}", "ServiceUnavailableError")
-            limit = state.settings.engine_heartbeat_timeout
-            silent = engine.engine_silent_for
-            if silent > limit:
-                return error_response(
-                    503, f"engine is not healthy: no message from the engine process for {silent:.0f} s "
-                    f"(--engine-heartbeat-timeout {limit:g}); is it stopped or stuck?", "ServiceUnavailableError",
-                )
-            if state.drain.draining:
-                return error_response(503, "the server is draining (shutting down)", "ServiceUnavailableError")
-            return Response(status_code=200)
+            return health_response(raw.app.state)
 
         @router.post("/drain", summary="Stop admitting requests, finish those in flight, then exit", status_code=202)
         async def drain(raw: Request) -> JSONResponse:

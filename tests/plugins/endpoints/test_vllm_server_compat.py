@@ -143,6 +143,8 @@ def test_invocations_dispatch_by_the_body_shape(server, tokenizer, reference):
     bad = post(server, "/invocations", {"prompt": "hi", "max_tokens": "many"})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_tokens"
     assert post(server, "/invocations", {"prompt": "hi"}, headers={}).status_code == 401  # behind the API key
+    assert httpx.get(f"{server.url}/ping", headers=AUTH).status_code == 200  # SageMaker's probe: /health's answer
+    assert httpx.post(f"{server.url}/ping", headers=AUTH).status_code == 200
 
 
 def test_load_counts_generation_requests_in_flight(client, server):
