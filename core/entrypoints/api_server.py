@@ -58,6 +58,7 @@ class ServerSettings:
     chat_template: str | None = None  # --chat-template: the template text used instead of the tokenizer's
     enable_tokenizer_info_endpoint: bool = False  # --enable-tokenizer-info-endpoint: GET /tokenizer_info
     enable_server_load_tracking: bool = False  # --enable-server-load-tracking: GET /load
+    disable_fastapi_docs: bool = False  # --disable-fastapi-docs: no /docs, /redoc, /openapi.json
     # stat loggers (host.core.frontend.stat_loggers): --stat-loggers NAME[:ARG], the metric names'
     # prefix (host: or vllm:), the periodic log line's interval and its switch
     stat_loggers: list[str] = field(default_factory=list)
@@ -155,7 +156,8 @@ def build_app(config: Any, settings: ServerSettings, plugin_host: Any, engine: A
                 await state.engine.shutdown()
             state.stat_loggers.shutdown()
 
-    app = FastAPI(title="host", version=_version(), lifespan=lifespan)
+    docs: dict[str, Any] = {"docs_url": None, "redoc_url": None, "openapi_url": None} if settings.disable_fastapi_docs else {}
+    app = FastAPI(title="host", version=_version(), lifespan=lifespan, **docs)
     state = app.state
     state.engine = engine
     state.config = config

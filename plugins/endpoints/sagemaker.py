@@ -62,7 +62,8 @@ class InvocationsEndpoint(EndpointPlugin):
     def attach_router(self, app: Any) -> None:
         router = APIRouter()
         router.add_api_route("/invocations", invocations, methods=["POST"], summary="SageMaker: a chat completion or a completion, by the body's shape")
-        router.add_api_route("/ping", ping, methods=["GET", "POST"], summary="SageMaker's health probe: /health's answer")
+        for method in ("GET", "POST"):  # one route each: the API description gets two operation ids
+            router.add_api_route("/ping", ping, methods=[method], summary="SageMaker's health probe: /health's answer")
         app.include_router(router)
 
     def routes(self) -> list[tuple[str, str]]:

@@ -97,6 +97,13 @@ def serve_cmd(
     enable_server_load_tracking: bool = typer.Option(
         False, "--enable-server-load-tracking", help="Serve GET /load: the number of requests in flight."
     ),
+    disable_fastapi_docs: bool = typer.Option(False, "--disable-fastapi-docs", help="Serve no /docs, /redoc or /openapi.json."),
+    uvicorn_log_level: Optional[str] = typer.Option(None, "--uvicorn-log-level", help="uvicorn's log level (default: --log-level)."),
+    disable_uvicorn_access_log: bool = typer.Option(False, "--disable-uvicorn-access-log", help="No access-log line per request."),
+    root_path: Optional[str] = typer.Option(None, "--root-path", help="The path prefix a proxy serves this server under (ASGI root_path)."),
+    ssl_keyfile: Optional[str] = typer.Option(None, "--ssl-keyfile", help="Serve HTTPS with this private key file (with --ssl-certfile)."),
+    ssl_certfile: Optional[str] = typer.Option(None, "--ssl-certfile", help="Serve HTTPS with this certificate file."),
+    ssl_ca_certs: Optional[str] = typer.Option(None, "--ssl-ca-certs", help="CA certificates file for client certificates."),
     *,
     engine_kwargs: dict[str, Any],
     plugin_flags: dict[str, Any],
@@ -127,17 +134,34 @@ def serve_cmd(
             engine_heartbeat_timeout=engine_heartbeat_timeout,
             http_limits={"header_read_timeout": header_read_timeout, "timeout_keep_alive": timeout_keep_alive,
                          "limit_concurrency": limit_concurrency},
+            uvicorn_options=uvicorn_options(
+                log_level=uvicorn_log_level, access_log=False if disable_uvicorn_access_log else None, root_path=root_path,
+                ssl_keyfile=ssl_keyfile, ssl_certfile=ssl_certfile, ssl_ca_certs=ssl_ca_certs,
+            ),
             stat_settings={"stat_loggers": list(stat_loggers or []), "metrics_prefix": metrics_prefix,
                            "log_stats_interval": log_stats_interval, "disable_log_stats": disable_log_stats},
             api_settings={"enable_auto_tool_choice": enable_auto_tool_choice, "tool_call_parser": tool_call_parser,
                           "reasoning_parser": reasoning_parser, "enable_prompt_tokens_details": enable_prompt_tokens_details,
                           "chat_template": read_chat_template(chat_template),
                           "enable_tokenizer_info_endpoint": enable_tokenizer_info_endpoint,
-                          "enable_server_load_tracking": enable_server_load_tracking},
+                          "enable_server_load_tracking": enable_server_load_tracking,
+                          "disable_fastapi_docs": disable_fastapi_docs},
         )
     except (ValueError, RuntimeError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2)
+
+
+def uvicorn_options(**options: Any) -> dict[str, Any]:
+    """The ``uvicorn.Config`` keywords given (``None`` left out); ``--ssl-keyfile`` and
+    ``--ssl-certfile`` come together (a ValueError names the missing one)."""
+    given = {k: v for k, v in options.items() if v is not None}
+    if given.get("log_level") is not None:
+        given["log_level"] = str(given["log_level"]).lower()
+    if ("ssl_keyfile" in given) != ("ssl_certfile" in given):
+        missing = "--ssl-certfile" if "ssl_keyfile" in given else "--ssl-keyfile"
+        raise ValueError(f"HTTPS needs both --ssl-keyfile and --ssl-certfile; add {missing}")
+    return given
 
 
 def read_chat_template(value: str | None) -> str | None:
@@ -179,6 +203,7 @@ def run_server(
     exit_on_engine_death: bool = True,
     engine_heartbeat_timeout: float = 30.0,
     http_limits: dict[str, Any] | None = None,
+    uvicorn_options: dict[str, Any] | None = None,
     stat_settings: dict[str, Any] | None = None,
     api_settings: dict[str, Any] | None = None,
 ) -> None:
@@ -221,7 +246,8 @@ def run_server(
             f"  plugins (api process {os.getpid()}): {_describe_plugins(api_plugins)}",
             f"  plugins (engine process {info.get('pid')}): {_describe_plugins(engine_plugins)}",
             f"  routes from: {', '.join(app.state.endpoints)}",
-            f"  listening on http://{host}:{port}" + ("  (API key required)" if api_key else ""),
+            f"  listening on {'https' if (uvicorn_options or {}).get('ssl_certfile') else 'http'}://{host}:{port}"
+            + ("  (API key required)" if api_key else ""),
         ]
         print("\n".join(lines), file=sys.stderr, flush=True)
 
@@ -252,10 +278,11 @@ def run_server(
 
     limits = dict(http_limits or {})
     protocol = h11_protocol_with_header_timeout(limits.pop("header_read_timeout", 10.0))
+    options = {"log_level": log_level.lower(), **(uvicorn_options or {})}  # --uvicorn-log-level, --ssl-*, --root-path
     server = Server(uvicorn.Config(
-        app, host=host, port=port, log_level=log_level.lower(), lifespan="on", http=protocol,
+        app, host=host, port=port, lifespan="on", http=protocol,
         timeout_graceful_shutdown=10, timeout_keep_alive=limits.pop("timeout_keep_alive", 5.0),
-        limit_concurrency=limits.pop("limit_concurrency", None), h11_max_incomplete_event_size=16 * 1024,
+        limit_concurrency=limits.pop("limit_concurrency", None), h11_max_incomplete_event_size=16 * 1024, **options,
     ))
     # The worker pool's threads (tokenizing, templating, rendering bodies) share the GIL with the
     # event loop, which must win it back after every await: at the default 5 ms switch interval a

@@ -13,7 +13,7 @@ A script written for ``vllm serve`` passes flags such as ``--trust-remote-code``
 
 The vLLM flags host implements are ordinary options (engine flags such as ``--seed``,
 ``--max-logprobs``, ``--dtype half``, ``--enable-chunked-prefill``, or ``host serve``'s own,
-such as ``--chat-template``); docs/openai_api.md lists all of them with their status.
+such as ``--chat-template``, ``--uvicorn-log-level``, ``--ssl-certfile``, ``--root-path``); docs/openai_api.md lists all of them with their status.
 :func:`with_vllm_flags` gives a command these options, received as one parameter
 ``vllm_flags`` (``{flag: value}`` of those given); :func:`log_vllm_flags` writes their lines.
 """
@@ -60,8 +60,6 @@ VLLM_FLAGS: tuple[VllmFlag, ...] = (
     VllmFlag("--disable-log-requests", "host does not log each request (the periodic stats line is --disable-log-stats)"),
     VllmFlag("--enable-log-requests", "host does not log each request; /metrics and --stat-loggers report them"),
     VllmFlag("--disable-custom-all-reduce", "host runs one device per engine: there is no all-reduce"),
-    VllmFlag("--disable-fastapi-docs", "host's /docs and /openapi.json describe the API and stay on"),
-    VllmFlag("--disable-uvicorn-access-log", "use --log-level warning to quiet uvicorn's access lines"),
     VllmFlag("--enable-request-id-headers", "host's responses carry no X-Request-Id header"),
     VllmFlag("--use-v2-block-manager", "host has one block manager, the paged one (the flag is gone from vLLM too)"),
     VllmFlag("--disable-sliding-window", "host's built-in architectures use full attention"),
@@ -82,7 +80,6 @@ VLLM_FLAGS: tuple[VllmFlag, ...] = (
     VllmFlag("--max-seq-len-to-capture", "host's decode graphs cover every length (--cuda-graph-sizes chooses the batch sizes)", takes_value=True),
     VllmFlag("--max-parallel-loading-workers", "host reads one weight file at a time", takes_value=True),
     VllmFlag("--max-log-len", "host does not log prompts", takes_value=True),
-    VllmFlag("--uvicorn-log-level", "--log-level sets uvicorn's level and host's together", takes_value=True),
     VllmFlag("--allowed-origins", "host sends no CORS headers; put a proxy in front for browser clients", takes_value=True),
     VllmFlag("--allowed-methods", "host sends no CORS headers", takes_value=True),
     VllmFlag("--allowed-headers", "host sends no CORS headers", takes_value=True),

@@ -27,11 +27,13 @@ IMPLEMENTED = [
     "--disable-log-stats", "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--reasoning-parser", "deepseek_r1",
     "--enable-prompt-tokens-details", "--enable-tokenizer-info-endpoint", "--enable-server-load-tracking",
     "--chat-template", "{{ messages[0]['content'] }}", "--trust-request-chat-template", "--max-queued-requests", "8",
+    "--uvicorn-log-level", "WARNING", "--disable-uvicorn-access-log", "--root-path", "/llm", "--disable-fastapi-docs",
+    "--ssl-keyfile", "key.pem", "--ssl-certfile", "cert.pem",
 ]
 # accepted without effect: each logs one line
 NO_EFFECT = [
     "--trust-remote-code", "--disable-frontend-multiprocessing", "--disable-log-requests", "--download-dir", "/tmp/x",
-    "--swap-space", "4", "--revision", "main", "--uvicorn-log-level", "warning", "--max-seq-len-to-capture", "8192",
+    "--swap-space", "4", "--revision", "main", "--tokenizer-revision", "v1", "--max-seq-len-to-capture", "8192",
 ]
 
 
@@ -61,6 +63,9 @@ def test_a_vllm_launch_scripts_flags_are_accepted(serve, caplog):
     assert api["chat_template"] == "{{ messages[0]['content'] }}"
     assert api["enable_tokenizer_info_endpoint"] and api["enable_server_load_tracking"] and api["enable_prompt_tokens_details"]
     assert call["served_model_names"] == ["a", "b"] and call["max_queued_requests"] == 8
+    assert api["disable_fastapi_docs"] is True
+    assert call["uvicorn_options"] == {"log_level": "warning", "access_log": False, "root_path": "/llm",
+                                       "ssl_keyfile": "key.pem", "ssl_certfile": "cert.pem"}
     # ONE line per flag without effect, naming the flag and why
     lines = [r.getMessage() for r in caplog.records if r.name == "host.serve"]
     assert len(lines) == 8, lines
@@ -87,6 +92,24 @@ def test_flags_host_cannot_honour_are_refused_with_the_reason(serve, args, reaso
     assert result.exit_code == 2 and call is None
     text = " ".join(result.output.split())
     assert f"{' '.join(args)} is not supported" in text and reason in text, result.output
+
+
+def test_https_needs_both_the_key_and_the_certificate(serve):
+    result, call = serve("--ssl-keyfile", "key.pem")
+    assert result.exit_code == 2 and call is None
+    assert "HTTPS needs both --ssl-keyfile and --ssl-certfile; add --ssl-certfile" in result.output
+
+
+def test_disable_fastapi_docs_removes_the_api_description(plugin_host, tiny_checkpoint):
+    from starlette.testclient import TestClient
+
+    from host.core.entrypoints.api_server import build_app
+
+    config = EngineArgs(model=str(tiny_checkpoint("llama")), skip_tokenizer_init=True, max_model_len=64).create_engine_config()
+    for off in (False, True):
+        client = TestClient(build_app(config, ServerSettings(disable_fastapi_docs=off), plugin_host, start_engine=False))
+        for path in ("/docs", "/redoc", "/openapi.json"):
+            assert client.get(path).status_code == (404 if off else 200), (path, off)
 
 
 def test_help_lists_every_vllm_flag():
