@@ -26,14 +26,19 @@ BLOCK = 16
 def hf_beams(model, prompt: list[int], width: int, max_new: int, stops: list[int] | None, length_penalty: float = 1.0,
              early_stopping: bool | str = False) -> list[tuple[list[int], float]]:
     """transformers' beam search: ``(generated tokens up to and with the stop token, score)``
-    per returned beam, best first."""
-    with torch.inference_mode():
-        out = model.generate(
-            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            num_beams=width, num_return_sequences=width, do_sample=False, length_penalty=length_penalty,
-            early_stopping=early_stopping, max_new_tokens=max_new, eos_token_id=stops,
-            pad_token_id=stops[0] if stops else 0, return_dict_in_generate=True, output_scores=True,
-        )
+    per returned beam, best first (one torch thread: on a busy machine two run it 5x slower)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.inference_mode():
+            out = model.generate(
+                torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                num_beams=width, num_return_sequences=width, do_sample=False, length_penalty=length_penalty,
+                early_stopping=early_stopping, max_new_tokens=max_new, eos_token_id=stops,
+                pad_token_id=stops[0] if stops else 0, return_dict_in_generate=True, output_scores=True,
+            )
+    finally:
+        torch.set_num_threads(threads)
     beams = []
     for row, score in zip(out.sequences, out.sequences_scores):
         gen = row[len(prompt):].tolist()
@@ -151,28 +156,31 @@ def test_logprobs_and_refusals(tiny):
 
 # -- the default model, offline; the async path on the tiny model ---------------------------------
 
-PROMPT = "Here is a short story about a robot who learns to paint. Once upon a time, in a small workshop"
+QUESTION = [{"role": "user", "content": "Reply with one word: what color is the sky?"}]
 
 
 def test_default_model_matches_transformers():
+    """SmolLM2 on a chat prompt: its best beam ends with EOS, the others run to max_tokens."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = default_model_path()
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    ids = tok.encode(PROMPT)
-    want = hf_beams(model, ids, 3, 5, [tok.eos_token_id])
+    text = tok.apply_chat_template(QUESTION, tokenize=False, add_generation_prompt=True)
+    ids = tok.encode(text, add_special_tokens=False)
+    want = hf_beams(model, ids, 3, 8, [tok.eos_token_id])
     llm = LLM(max_model_len=256, max_num_seqs=8)
     try:
         before = llm.stats().prefix_cache_hits
-        (got,) = llm.beam_search(PROMPT, BeamSearchParams(beam_width=3, max_tokens=5))
+        (got,) = llm.beam_search({"prompt": text, "prompt_token_ids": ids}, BeamSearchParams(beam_width=3, max_tokens=8))
         hits = llm.stats().prefix_cache_hits - before
     finally:
         llm.shutdown()
-    assert got.prompt_token_ids == ids and got.prompt == PROMPT
+    assert got.prompt_token_ids == ids and got.prompt == text
     assert_same_beams(got, want)
     assert [c.text for c in got.outputs] == [tok.decode(t, skip_special_tokens=True) for t, _ in want]
-    assert hits >= 4 * 3 * BLOCK  # the 4 later steps' 3 beams each found the prompt's first block
+    assert {c.finish_reason for c in got.outputs} == {"stop", "length"}
+    assert hits >= 7 * 3 * (len(ids) // BLOCK) * BLOCK  # each later step's beams found the prompt's full blocks
 
 
 def test_async_llm_beam_search(tiny):
