@@ -39,6 +39,7 @@ def server(tmp_path_factory) -> Iterator[Server]:
         TYPED, "--api-key", KEY, "--chat-template", str(template), "--enable-tokenizer-info-endpoint",
         "--enable-server-load-tracking", "--trust-remote-code", "--disable-log-requests", "--seed", "1234",
         "--max-logprobs", "5", "--enable-chunked-prefill", "--tensor-parallel-size", "1",
+        "--uvicorn-log-level", "info", "--disable-uvicorn-access-log",
     ]
     with run_server(tmp, args) as s:
         yield s
