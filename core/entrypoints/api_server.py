@@ -59,6 +59,9 @@ class ServerSettings:
     enable_tokenizer_info_endpoint: bool = False  # --enable-tokenizer-info-endpoint: GET /tokenizer_info
     enable_server_load_tracking: bool = False  # --enable-server-load-tracking: GET /load
     disable_fastapi_docs: bool = False  # --disable-fastapi-docs: no /docs, /redoc, /openapi.json
+    # --allowed-origins / --allowed-methods / --allowed-headers / --allow-credentials: CORS headers
+    # (starlette's CORSMiddleware keywords); None sends none (vLLM sends them for any origin)
+    cors: dict[str, Any] | None = None
     # stat loggers (host.core.frontend.stat_loggers): --stat-loggers NAME[:ARG], the metric names'
     # prefix (host: or vllm:), the periodic log line's interval and its switch
     stat_loggers: list[str] = field(default_factory=list)
@@ -198,6 +201,10 @@ def build_app(config: Any, settings: ServerSettings, plugin_host: Any, engine: A
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
     if settings.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
+    if settings.cors is not None:  # outside the key check: a browser's preflight carries no key
+        from starlette.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, **settings.cors)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
 
     for plugin in endpoints:

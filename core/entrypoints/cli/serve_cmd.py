@@ -104,6 +104,12 @@ def serve_cmd(
     ssl_keyfile: Optional[str] = typer.Option(None, "--ssl-keyfile", help="Serve HTTPS with this private key file (with --ssl-certfile)."),
     ssl_certfile: Optional[str] = typer.Option(None, "--ssl-certfile", help="Serve HTTPS with this certificate file."),
     ssl_ca_certs: Optional[str] = typer.Option(None, "--ssl-ca-certs", help="CA certificates file for client certificates."),
+    allowed_origins: Optional[str] = typer.Option(
+        None, "--allowed-origins", help='CORS: origins browsers may call from, a JSON list or comma-separated (e.g. \'["*"]\'); none given: no CORS headers.'
+    ),
+    allowed_methods: Optional[str] = typer.Option(None, "--allowed-methods", help="CORS: allowed methods (default with CORS on: all)."),
+    allowed_headers: Optional[str] = typer.Option(None, "--allowed-headers", help="CORS: allowed request headers (default with CORS on: all)."),
+    allow_credentials: bool = typer.Option(False, "--allow-credentials", help="CORS: allow credentials (cookies, Authorization)."),
     *,
     engine_kwargs: dict[str, Any],
     plugin_flags: dict[str, Any],
@@ -145,11 +151,41 @@ def serve_cmd(
                           "chat_template": read_chat_template(chat_template),
                           "enable_tokenizer_info_endpoint": enable_tokenizer_info_endpoint,
                           "enable_server_load_tracking": enable_server_load_tracking,
-                          "disable_fastapi_docs": disable_fastapi_docs},
+                          "disable_fastapi_docs": disable_fastapi_docs,
+                          "cors": cors_settings(allowed_origins, allowed_methods, allowed_headers, allow_credentials)},
         )
     except (ValueError, RuntimeError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2)
+
+
+def _name_list(flag: str, value: str) -> list[str]:
+    """A JSON list (vLLM's form, ``'["*"]'``) or comma-separated names."""
+    import json
+
+    text = value.strip()
+    if text.startswith("["):
+        try:
+            items = json.loads(text)
+        except ValueError:
+            items = None
+        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+            raise ValueError(f"{flag} {value!r} is not a JSON list of strings; use e.g. '[\"*\"]' or a,b")
+        return items
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def cors_settings(origins: str | None, methods: str | None, headers: str | None, credentials: bool) -> dict[str, Any] | None:
+    """starlette ``CORSMiddleware`` keywords from the CORS flags; ``None`` (no CORS headers) when
+    none of them is given. A given flag's list replaces its default, ``*`` (all)."""
+    if origins is None and methods is None and headers is None and not credentials:
+        return None
+    return {
+        "allow_origins": _name_list("--allowed-origins", origins) if origins is not None else ["*"],
+        "allow_methods": _name_list("--allowed-methods", methods) if methods is not None else ["*"],
+        "allow_headers": _name_list("--allowed-headers", headers) if headers is not None else ["*"],
+        "allow_credentials": credentials,
+    }
 
 
 def uvicorn_options(**options: Any) -> dict[str, Any]:

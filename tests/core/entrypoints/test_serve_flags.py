@@ -175,3 +175,27 @@ def test_seed_makes_unseeded_requests_reproducible_across_restarts(tiny_checkpoi
     first = sample(1234)
     assert sample(1234) == first
     assert sample(4321) != first
+
+
+def test_cors_flags_send_cors_headers_also_before_the_api_key(serve, plugin_host, tiny_checkpoint):
+    from starlette.testclient import TestClient
+
+    from host.core.entrypoints.api_server import build_app
+
+    result, call = serve("--allowed-origins", '["https://app.example"]', "--allowed-methods", "GET,POST")
+    assert result.exit_code == 0, result.output
+    cors = call["api_settings"]["cors"]
+    assert cors == {"allow_origins": ["https://app.example"], "allow_methods": ["GET", "POST"], "allow_headers": ["*"],
+                    "allow_credentials": False}
+    result, _ = serve("--allowed-origins", "[1]")
+    assert result.exit_code == 2 and "is not a JSON list of strings" in result.output
+
+    config = EngineArgs(model=str(tiny_checkpoint("llama")), skip_tokenizer_init=True, max_model_len=64).create_engine_config()
+    client = TestClient(build_app(config, ServerSettings(api_key="k", cors=cors), plugin_host, start_engine=False))
+    preflight = client.options("/v1/models", headers={"Origin": "https://app.example", "Access-Control-Request-Method": "GET"})
+    assert preflight.status_code == 200 and preflight.headers["access-control-allow-origin"] == "https://app.example"
+    refused = client.get("/v1/models", headers={"Origin": "https://app.example"})
+    assert refused.status_code == 401 and refused.headers["access-control-allow-origin"] == "https://app.example"
+    assert "access-control-allow-origin" not in client.get("/v1/models", headers={"Origin": "https://evil.example"}).headers
+    plain = TestClient(build_app(config, ServerSettings(api_key="k"), plugin_host, start_engine=False))
+    assert "access-control-allow-origin" not in plain.get("/v1/models", headers={"Origin": "https://app.example"}).headers
