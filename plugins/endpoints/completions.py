@@ -1,9 +1,18 @@
 """``POST /v1/completions`` as an endpoint plugin.
 
 Streams (server-sent events, ending with ``data: [DONE]``, an extra usage chunk with
-``stream_options.include_usage``) or answers in one JSON body; takes several prompts, ``n``,
-logprobs, structured outputs and the vLLM sampling extensions. A client that disconnects aborts its
-request, which frees its KV blocks.
+``stream_options.include_usage``, usage on every chunk with ``continuous_usage_stats`` too) or
+answers in one JSON body; takes several prompts, ``n``, logprobs, structured outputs and the vLLM
+sampling extensions. A client that disconnects aborts its request, which frees its KV blocks.
+
+``echo`` puts the prompt before each choice's text and, with ``logprobs``, the prompt tokens'
+logprobs before the completion's (the first ``null``: nothing predicts it), offsets continuous;
+``max_tokens: 0`` is allowed with ``echo`` and answers just the prompt and its logprobs (how
+lm-evaluation-harness scores log-likelihoods). A stream sends the prompt in each choice's first
+chunk. vLLM's response extensions: ``return_token_ids`` (``prompt_token_ids`` and ``token_ids``
+per choice; in a stream, prompt ids in the first chunk), ``return_tokens_as_token_ids``, and
+``prompt_logprobs`` (``null`` unless asked); ``truncate_prompt_tokens`` / ``truncation_side``
+cut the prompt before it is checked against ``max_model_len``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """What the OpenAI routes share (``/v1/completions`` in :mod:`.completions`, ``/v1/chat/completions``
-in :mod:`.chat`): usage counts, logprob formatting, the sampling-parameter translation, the
-sequence cap, running several generations to the end or merging their streams, and the in-band
-error event of a stream that already started."""
+in :mod:`.chat`): usage counts (``prompt_tokens_details`` under
+``--enable-prompt-tokens-details``), logprob formatting, the response extensions a request asks
+for (:class:`ResponseShape`), prompt truncation, the ``stream_options`` rules, the
+sampling-parameter translation, the sequence cap, running several generations to the end or
+merging their streams, and the in-band error event of a stream that already started."""
 
 from __future__ import annotations
 
@@ -115,17 +117,6 @@ def token_str(lp: Any, tok: int, tokenizer: Any) -> str:
 LOGPROB_FLOOR = -9999.0
 """Reported logprobs are clamped here (vLLM's floor): ``-inf`` is not JSON, and a client summing
 them (lm-evaluation-harness) needs numbers."""
-
-
-def completion_logprobs(
-    comp: Any, start: int, end: int, text_offset: int, tokenizer: Any, as_ids: bool = False,
-) -> dict[str, Any] | None:
-    """The completions ``logprobs`` object of ``comp``'s tokens ``start:end``; offsets count from
-    ``text_offset``."""
-    if comp.logprobs is None:
-        return None
-    entries = list(zip(comp.token_ids[start:end], comp.logprobs[start:end]))
-    return logprobs_object(entries, -1, text_offset, tokenizer, as_ids)
 
 
 def logprobs_object(
