@@ -126,3 +126,49 @@ def test_bitmask_unpacking_and_choice_grammar():
     assert mask[0, :32].all() and not mask[0, 32:].any()
     assert mask[1].nonzero().squeeze(1).tolist() == [0, 2, 35]  # bit 63 is past the vocab
     assert choice_grammar(['a"b', "c"]) == 'root ::= "a\\"b" | "c"'
+
+
+def test_grammar_applies_only_after_the_reasoning_end_tokens(llm):
+    """``reasoning_end_token_ids``: the tokens up to and including the end tag are the model's
+    free (greedy) choice, as transformers generates them; the ones after it are schema-valid JSON."""
+    from transformers import AutoTokenizer
+
+    from helpers import hf_greedy, hf_model
+    from host.core.models.default_model import default_model_path
+
+    schema = {"type": "object", "properties": {"age": {"type": "integer", "minimum": 0, "maximum": 120}},
+              "required": ["age"], "additionalProperties": False}
+    conv = [{"role": "user", "content": "Describe a person, then give their age as JSON."}]
+    plain = llm.chat([conv], SamplingParams(max_tokens=1, temperature=0))[0]
+    prompt = list(plain.prompt_token_ids)
+    ref = hf_greedy(hf_model(default_model_path()), prompt, 6)
+    k = next(i for i in range(1, 6) if ref[i] not in ref[:i] and ref[i] not in prompt)  # the "end tag": ref[k]
+    bound = llm.chat([conv], SamplingParams(max_tokens=1, temperature=0, structured_outputs={"json": schema}))[0]
+    assert bound.outputs[0].token_ids[0] != ref[0]  # without an end tag the grammar binds from the first token
+
+    out = llm.chat([conv], SamplingParams(
+        max_tokens=40, temperature=0, structured_outputs={"json": schema, "reasoning_end_token_ids": [ref[k]]},
+    ))[0].outputs[0]
+    ids = list(out.token_ids)
+    assert ids[: k + 1] == ref[: k + 1]  # unconstrained up to and including the end token
+    assert out.finish_reason == "stop", out.text
+    after = AutoTokenizer.from_pretrained(default_model_path()).decode(ids[k + 1:], skip_special_tokens=True)
+    jsonschema.validate(json.loads(after), schema)
+    assert blocks_free(llm)
+
+
+def test_reasoning_end_is_a_token_sequence_and_may_be_in_the_prompt():
+    from concurrent.futures import Future
+
+    from host.core.engine.structured_output import StructuredOutputRequest, contains
+    from host.core.sampling_params import StructuredOutputsParams
+
+    so = StructuredOutputRequest(StructuredOutputsParams(json_object=True, reasoning_end_token_ids=[5, 6]), Future())
+    for tok, active in ((5, False), (7, False), (6, False), (5, False), (6, True)):
+        so.see_reasoning_token(tok)
+        assert so.active is active
+    assert contains([1, 5, 6, 2], [5, 6]) and not contains([5, 1, 6], [5, 6]) and not contains([5], [5, 6])
+    with pytest.raises(ValueError, match="reasoning_end_token_ids"):
+        StructuredOutputsParams(json_object=True, reasoning_end_token_ids=[])
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        SamplingParams(structured_outputs={"json_object": True, "reasoning_end_token_ids": [10**9]}).verify(1000)
