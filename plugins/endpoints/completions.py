@@ -99,6 +99,12 @@ class _Echo:
             return result.prompt
         return tokenizer.decode(result.prompt_token_ids) if tokenizer is not None else ""
 
+    @staticmethod
+    def finish(comp: Any) -> str | None:
+        """An echo-only choice's finish reason: ``"length"`` (it asked for 0 tokens), or
+        ``"abort"`` when the request was cut short (a timeout, a disconnect)."""
+        return "abort" if comp.finish_reason == "abort" else "length"
+
     def entries(self, result: Any) -> list[tuple[int, Any]]:
         plp = result.prompt_logprobs or [None] * len(result.prompt_token_ids)
         return list(zip(result.prompt_token_ids, plp))
@@ -186,7 +192,7 @@ def _completion_response(results: list[Any], params: Any, request_id: str, creat
             "index": index,
             "text": text,
             "logprobs": logprobs,
-            "finish_reason": "length" if echo.only else comp.finish_reason,
+            "finish_reason": echo.finish(comp) if echo.only else comp.finish_reason,
             "stop_reason": None if echo.only else comp.stop_reason,
             "prompt_logprobs": prompt_logprobs_json(result) if shape.prompt_logprobs else None,
         }
@@ -217,7 +223,7 @@ async def _stream_completion(gens, request_id, created, model, n, shape: _Shape)
                     if not finished:
                         continue
                     end_tokens, end_text = cur.tokens, cur.text
-                    delta, finish, stop = "", "length", None
+                    delta, finish, stop = "", echo.finish(comp), None
                 else:
                     end_tokens, end_text = len(comp.token_ids), len(comp.text)
                     delta = comp.text[cur.text:]
