@@ -16,7 +16,7 @@ from helpers import hf_model
 from host import LLM
 from host.core.engine_args import EngineArgs
 from host.core.frontend.async_llm import AsyncLLM
-from host.core.frontend.beam_search import BeamSearchParams
+from host.core.frontend.beam_search import BeamSearch, BeamSearchParams
 from host.core.models.default_model import default_model_path
 from host.core.sampling_params import SamplingParams
 
@@ -154,6 +154,31 @@ def test_logprobs_and_refusals(tiny):
     assert (p.beam_width, p.num_return_sequences, p.max_tokens, p.length_penalty, p.early_stopping) == (4, 2, 5, 0.5, "never")
 
 
+def test_abort_ranks_live_beams_with_finished_ones(tiny):
+    """A search ended early (a deadline) returns its best hypotheses, the live beams among them
+    scored like finished ones and ending with "abort"."""
+    llm, model = tiny
+    rng = random.Random(21)
+    prompt = [rng.randrange(3, 300) for _ in range(24)]
+    stop = stop_token_for(model, prompt, 1)
+    params = BeamSearchParams(beam_width=3, max_tokens=10, stop_token_ids=[stop])
+    search = BeamSearch(prompt, params, llm.eos_token_id, 128)
+    for _ in range(4):
+        outs = llm.generate([{"prompt_token_ids": ids} for ids in search.pending()], search.step_params())
+        search.advance([o.outputs[0].logprobs[0] for o in outs])
+    assert not search.done and search.finished  # the greedy path's stop token finished a beam
+    live = [(b.tokens, b.cum / len(b.tokens)) for b in search.running]
+    done = [(b.tokens, score) for score, b in search.finished]
+    search.abort()
+    got = search.result("r", None, None)
+    want = sorted(done + live, key=lambda item: -item[1])[:3]
+    assert [(c.token_ids, c.score) for c in got.outputs] == want
+    reasons = [c.finish_reason for c in got.outputs]
+    assert reasons == [
+        "stop" if any(tokens == t for t, _ in done) else "abort" for tokens, _ in want]
+    assert set(reasons) == {"stop", "abort"}
+
+
 # -- the default model, offline; the async path on the tiny model ---------------------------------
 
 QUESTION = [{"role": "user", "content": "Reply with one word: what color is the sky?"}]
@@ -202,7 +227,8 @@ def test_async_llm_beam_search(tiny):
             assert got.request_id == "beams" and got.finished and got.num_cached_tokens == 0
             assert_same_beams(got, want)
             again = await llm.beam_search(prompt, params)  # the prompt's full blocks are cached now
-            assert again.num_cached_tokens == 2 * BLOCK and again.outputs == got.outputs
+            assert again.num_cached_tokens == 2 * BLOCK
+            assert_same_beams(again, want)  # (a cached prefix may move the logprobs' last bits)
             assert [c.text for c in got.outputs] == [llm.tokenizer.decode(t, skip_special_tokens=True) for t, _ in want]
             stats = await llm.utility("stats")  # a dict over the wire
             assert stats.get("prefix_cache_hits", 0) >= 3 * 4 * 2 * BLOCK
