@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import json
 
+import lm_eval  # the `test` extra installs it (lm-eval[api])
 import pytest
 
 from helpers import hf_model
-
-lm_eval = pytest.importorskip("lm_eval")
 
 DOCS = [
     {"question": "The capital of France is", "choices": [" Paris", " Berlin", " a banana"], "answer": 0},
