@@ -10,6 +10,11 @@ stop; a second signal stops at once. With ``--exit-on-engine-death`` (the defaul
 exits with code 1 once its engine process died. Connections whose request headers are not in
 after ``--header-read-timeout`` seconds are closed; idle keep-alive ones after
 ``--timeout-keep-alive``; ``--limit-concurrency`` caps open connections (503 beyond).
+
+The model is served under the name typed (``host.core.models.default_model.served_name``; the
+default model as ``HuggingFaceTB/SmolLM2-135M-Instruct``) unless ``--served-model-name`` names it.
+A vLLM launch script's flags are accepted: those host implements are options here or engine
+flags, the rest come from :mod:`.vllm_flags` (one log line each, or a refusal with the reason).
 """
 
 from __future__ import annotations
