@@ -123,8 +123,10 @@ class BeamSearchParams:
 @dataclass
 class BeamCompletion(CompletionOutput):
     """One returned beam: a ``CompletionOutput`` (``token_ids`` end with the EOS / stop token
-    that finished it, ``finish_reason`` ``"stop"`` or ``"length"``) plus its beam ``score``,
-    ``cumulative_logprob / len(token_ids) ** length_penalty``."""
+    that finished it, ``finish_reason`` ``"stop"``, ``"length"``, or ``"abort"`` for a live
+    beam of a search :meth:`BeamSearch.abort` ended) plus its beam ``score``,
+    ``cumulative_logprob / len(token_ids) ** length_penalty``; ``logprobs`` is set when
+    :attr:`BeamSearchParams.logprobs` is."""
 
     score: float = 0.0
 
