@@ -205,7 +205,7 @@ def chat_parsing(raw: Request, body: ChatCompletionRequest) -> ChatParsing:
             reasoning_cls(tokenizer) if reasoning_cls is not None else None,
         )
     choice: ToolChoice = resolve_tool_choice(body, state.settings, parsers[0] is not None)
-    return ChatParsing(choice, parsers[0], parsers[1])
+    return ChatParsing(choice, parsers[0], parsers[1], body.include_reasoning)
 
 
 def constrain(params: Any, parsing: ChatParsing) -> None:

@@ -15,9 +15,12 @@ class ChatParsing:
     """How one request's outputs are read: its :class:`ToolChoice`, the server's tool parser
     (used for ``"auto"``) and reasoning parser (either may be ``None``)."""
 
-    def __init__(self, choice: ToolChoice, tool_parser: ToolParser | None, reasoning: ReasoningParser | None) -> None:
+    def __init__(
+        self, choice: ToolChoice, tool_parser: ToolParser | None, reasoning: ReasoningParser | None, include_reasoning: bool = True,
+    ) -> None:
         self.choice = choice
         self.reasoning = reasoning
+        self.include_reasoning = include_reasoning  # False: the reasoning is split off and dropped
         if choice.mode == "named":
             self.tool_parser: ToolParser | None = NamedFunctionParser(choice.function or "")
         elif choice.mode == "required":
@@ -34,7 +37,8 @@ class ChatParsing:
         content: str | None = text
         if self.reasoning is not None:
             reasoning, content = self.reasoning.split(text, final=True)
-            message["reasoning_content"] = message["reasoning"] = reasoning
+            if self.include_reasoning:
+                message["reasoning_content"] = message["reasoning"] = reasoning
         calls = []
         if self.tool_parser is not None and content is not None:
             result = self.tool_parser.extract(content, self.choice.tools)
@@ -56,6 +60,7 @@ class ChoiceStream:
 
     def __init__(self, parsing: ChatParsing) -> None:
         self.reasoning = parsing.reasoning.stream() if parsing.reasoning is not None else None
+        self.include_reasoning = parsing.include_reasoning
         self.tools = parsing.tool_parser.stream(parsing.choice.tools, parsing.max_calls) if parsing.tool_parser is not None else None
         self.sent = 0  # content characters sent (without a tool parser)
 
@@ -68,7 +73,7 @@ class ChoiceStream:
         content = text
         if self.reasoning is not None:
             reasoning, content = self.reasoning.feed(text, final)
-            if reasoning:
+            if reasoning and self.include_reasoning:
                 delta["reasoning_content"] = delta["reasoning"] = reasoning
         if self.tools is not None:
             delta.update(self.tools.finish(content) if final else self.tools.feed(content))

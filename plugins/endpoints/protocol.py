@@ -209,6 +209,7 @@ class ChatCompletionRequest(_SamplingFields):
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Optional[Union[str, dict[str, Any]]] = None  # checked in .tool_calls
     parallel_tool_calls: Optional[bool] = None  # False: only the first call is returned
+    include_reasoning: bool = True  # False: no reasoning_content (with --reasoning-parser)
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: Optional[dict[str, Any]] = None

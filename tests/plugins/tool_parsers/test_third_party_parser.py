@@ -69,9 +69,10 @@ def reference() -> tuple[list[int], str]:
     return allowed, tok.decode(out)
 
 
-def ask(client, model, allowed, **kwargs):
+def ask(client, model, allowed, include_reasoning=True, **kwargs):
     return client.chat.completions.create(
-        model=model, messages=PROMPT, max_tokens=STEPS, temperature=0, extra_body={"allowed_token_ids": allowed}, **kwargs,
+        model=model, messages=PROMPT, max_tokens=STEPS, temperature=0,
+        extra_body={"allowed_token_ids": allowed, "include_reasoning": include_reasoning}, **kwargs,
     )
 
 
@@ -89,6 +90,9 @@ def test_reasoning_and_content(client, model, reference):
     deltas = [ch.delta for c in chunks for ch in c.choices]
     assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == reasoning
     assert "".join(d.content or "" for d in deltas) == content
+
+    hidden = ask(client, model, allowed, include_reasoning=False).choices[0].message  # vLLM's switch
+    assert hidden.content == content and getattr(hidden, "reasoning_content", None) is None
 
 
 def test_third_party_parser_reads_the_content(client, model, reference):
