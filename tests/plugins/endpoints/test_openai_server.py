@@ -19,7 +19,7 @@ def client(server):
 
 
 def metric(server, name: str) -> float:
-    text = httpx.get(f"{server.url}/metrics").text
+    text = httpx.get(f"{server.url}/metrics", timeout=60).text
     total = 0.0
     found = False
     for line in text.splitlines():
@@ -141,43 +141,43 @@ def _err(resp: httpx.Response) -> dict:
 
 def test_errors_are_openai_shaped_and_harmless(server):
     url = server.url
-    r = httpx.post(f"{url}/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+    r = httpx.post(f"{url}/v1/completions", content=b"{not json", headers={"content-type": "application/json"}, timeout=60)
     assert r.status_code == 400 and _err(r)["code"] == 400
-    r = httpx.post(f"{url}/v1/completions", json={"model": "nope", "prompt": "hi"})
+    r = httpx.post(f"{url}/v1/completions", json={"model": "nope", "prompt": "hi"}, timeout=60)
     assert r.status_code == 404 and _err(r)["param"] == "model"
-    r = httpx.post(f"{url}/v1/completions", json={"prompt": "word " * 2000, "max_tokens": 4})
+    r = httpx.post(f"{url}/v1/completions", json={"prompt": "word " * 2000, "max_tokens": 4}, timeout=60)
     assert r.status_code == 400 and "max_model_len" in _err(r)["message"]
-    r = httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "temperature": -1})
+    r = httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "temperature": -1}, timeout=60)
     assert r.status_code == 400 and "temperature" in _err(r)["message"]
-    r = httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 100000})
+    r = httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 100000}, timeout=60)
     assert r.status_code == 400 and "max_tokens" in _err(r)["message"]
-    r = httpx.post(f"{url}/v1/completions", content='{"prompt": "\xff\xfe"}'.encode("latin-1"), headers={"content-type": "application/json"})
+    r = httpx.post(f"{url}/v1/completions", content='{"prompt": "\xff\xfe"}'.encode("latin-1"), headers={"content-type": "application/json"}, timeout=60)
     assert r.status_code == 400
-    r = httpx.post(f"{url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"999999": 1}})
+    r = httpx.post(f"{url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"999999": 1}}, timeout=60)
     assert r.status_code == 400 and "logit_bias" in _err(r)["message"]
-    r = httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "structured_outputs": {"regex": "(bad"}})
+    r = httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "structured_outputs": {"regex": "(bad"}}, timeout=60)
     assert r.status_code == 400 and "could not be compiled" in _err(r)["message"]
     # the server still serves, and no request holds blocks
-    assert httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 2}).status_code == 200
+    assert httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=60).status_code == 200
     assert metric(server, "host:num_requests_running") == 0
 
 
 def test_tokenize_detokenize_version_plugins_metrics(server):
     url = server.url
-    tok = httpx.post(f"{url}/tokenize", json={"prompt": "Hello world", "add_special_tokens": False}).json()
+    tok = httpx.post(f"{url}/tokenize", json={"prompt": "Hello world", "add_special_tokens": False}, timeout=60).json()
     assert tok["count"] == len(tok["tokens"]) > 0
-    assert httpx.post(f"{url}/detokenize", json={"tokens": tok["tokens"]}).json()["prompt"] == "Hello world"
-    chat_tok = httpx.post(f"{url}/tokenize", json={"messages": [{"role": "user", "content": "hi"}]}).json()
+    assert httpx.post(f"{url}/detokenize", json={"tokens": tok["tokens"]}, timeout=60).json()["prompt"] == "Hello world"
+    chat_tok = httpx.post(f"{url}/tokenize", json={"messages": [{"role": "user", "content": "hi"}]}, timeout=60).json()
     assert chat_tok["count"] > 2
-    assert httpx.get(f"{url}/version").json()["version"]
-    plugins = httpx.get(f"{url}/v1/plugins").json()["processes"]
+    assert httpx.get(f"{url}/version", timeout=60).json()["version"]
+    plugins = httpx.get(f"{url}/v1/plugins", timeout=60).json()["processes"]
     assert plugins["api"]["pid"] != plugins["engine"]["pid"]
     api_groups = {r["group"] for r in plugins["api"]["plugins"] if r["status"] == "loaded"}
     engine_groups = {r["group"] for r in plugins["engine"]["plugins"] if r["status"] == "loaded"}
     assert "host.endpoints" in api_groups and "host.endpoints" not in engine_groups
     assert {"host.attention_backends", "host.executors"} <= engine_groups
     assert "host.attention_backends" not in api_groups
-    text = httpx.get(f"{url}/metrics").text
+    text = httpx.get(f"{url}/metrics", timeout=60).text
     for family in ("host:time_to_first_token_seconds", "host:inter_token_latency_seconds", "host:e2e_request_latency_seconds",
                    "host:num_requests_waiting", "host:kv_cache_usage_perc", "host:prefix_cache_hit_rate", "host:request_success_total"):
         assert family in text, family
@@ -209,7 +209,7 @@ def test_sixty_four_concurrent_streams_do_not_mix(server):
             await ac.close()
 
     results = asyncio.run(main())
-    detok = {t: httpx.post(f"{server.url}/detokenize", json={"tokens": [t] * 8}).json()["prompt"] for t in set(r[0] for r in results)}
+    detok = {t: httpx.post(f"{server.url}/detokenize", json={"tokens": [t] * 8}, timeout=60).json()["prompt"] for t in set(r[0] for r in results)}
     for target, pieces, finish in results:
         assert finish == "length"
         assert "".join(pieces) == detok[target]
@@ -230,7 +230,7 @@ def test_client_disconnect_aborts_and_frees_blocks(server):
         time.sleep(0.1)
     assert metric(server, "host:num_requests_running") == 0
     assert metric(server, "host:kv_cache_usage_perc") == 0
-    text = httpx.get(f"{server.url}/metrics").text
+    text = httpx.get(f"{server.url}/metrics", timeout=60).text
     assert re.search(r'host:request_success_total\{[^}]*finished_reason="abort"[^}]*\} [1-9]', text), text
 
 
@@ -257,10 +257,10 @@ def test_bench_serve_reports_latency_and_throughput(server, tmp_path):
 
 
 def test_prompt_logprobs_in_completions(server):
-    r = httpx.post(f"{server.url}/v1/completions", json={"prompt": "The cat sat on the", "max_tokens": 2, "prompt_logprobs": 2, "temperature": 0})
+    r = httpx.post(f"{server.url}/v1/completions", json={"prompt": "The cat sat on the", "max_tokens": 2, "prompt_logprobs": 2, "temperature": 0}, timeout=60)
     assert r.status_code == 200
     choice = r.json()["choices"][0]
-    tokens = httpx.post(f"{server.url}/tokenize", json={"prompt": "The cat sat on the"}).json()["tokens"]
+    tokens = httpx.post(f"{server.url}/tokenize", json={"prompt": "The cat sat on the"}, timeout=60).json()["tokens"]
     plp = choice["prompt_logprobs"]
     assert len(plp) == len(tokens) and plp[0] is None
     for tok, pos in zip(tokens[1:], plp[1:]):
