@@ -39,6 +39,7 @@ from host.plugins.endpoints.openai_common import (
     check_sequences,
     check_stream_options,
     error_event,
+    generations,
     merged_stream,
     prompt_logprobs_json,
     prompt_truncation,
@@ -161,7 +162,7 @@ async def create_chat_completion(body: ChatCompletionRequest, raw: Request) -> A
     engine.admit()
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
-    gen = engine.generate(ids, params, request_id, prompt=text, priority=body.priority, deadline=body.deadline())
+    (gen,) = generations(engine, body, params, [(text, ids)], request_id, body.deadline())
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return StreamingResponse(_stream_chat(gen, request_id, created, model, top, include_usage, tokenizer, shape, parsing), media_type="text/event-stream")

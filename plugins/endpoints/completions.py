@@ -45,6 +45,7 @@ from host.plugins.endpoints.openai_common import (
     check_stream_options,
     error_event,
     gather_all_or_cancel,
+    generations,
     logprobs_object,
     merge_choices,
     merged_stream,
@@ -148,10 +149,7 @@ async def create_completion(body: CompletionRequest, raw: Request) -> Any:
     request_id = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     deadline = body.deadline()
-    gens = [
-        engine.generate(ids, params, f"{request_id}-{i}", prompt=text, priority=body.priority, deadline=deadline)
-        for i, (text, ids) in enumerate(prompts)
-    ]
+    gens = generations(engine, body, params, prompts, request_id, deadline)
     shape = _Shape(body, echo, raw.app.state.settings, tokenizer)
     if body.stream:
         return StreamingResponse(_stream_completion(gens, request_id, created, model, params.n, shape), media_type="text/event-stream")

@@ -15,6 +15,7 @@ from fastapi import Request
 
 from host.plugins.endpoints.common import sse
 from host.sdk import APIError
+from host.sdk.sampling_params import BeamSearchParams
 
 logger = logging.getLogger("host.api")
 
@@ -272,3 +273,29 @@ async def merged_stream(gens: list[AsyncIterator[Any]]) -> AsyncIterator[tuple[i
 def error_event(exc: BaseException) -> str:
     status = 503 if type(exc).__name__ == "EngineDeadError" else 400
     return sse({"error": {"message": str(exc), "type": type(exc).__name__, "param": None, "code": status}})
+
+
+def generations(engine: Any, body: Any, params: Any, prompts: list[tuple[str | None, list[int]]], request_id: str,
+                deadline: float | None) -> list[AsyncIterator[Any]]:
+    """One stream of ``RequestOutput`` snapshots per ``(text, ids)`` prompt, ids ``<request_id>-<i>``:
+    the engine's generation, or with ``use_beam_search`` the beam search's one finished output
+    (``n`` beams returned, ``best_of`` kept). Sampling settings beam search cannot honour are a
+    400 naming them."""
+    if not body.use_beam_search:
+        return [
+            engine.generate(ids, params, f"{request_id}-{i}", prompt=text, priority=body.priority, deadline=deadline)
+            for i, (text, ids) in enumerate(prompts)
+        ]
+    try:
+        beam = BeamSearchParams.from_sampling_params(
+            params, length_penalty=body.length_penalty, early_stopping=body.early_stopping, best_of=getattr(body, "best_of", None),
+        )
+    except ValueError as exc:
+        raise APIError(400, str(exc), param="use_beam_search") from None
+    return [_beam_stream(engine, ids, beam, f"{request_id}-{i}", text, body.priority, deadline) for i, (text, ids) in enumerate(prompts)]
+
+
+async def _beam_stream(engine: Any, ids: list[int], beam: Any, request_id: str, text: str | None, priority: int,
+                       deadline: float | None) -> AsyncIterator[Any]:
+    yield await engine.beam_search(ids, beam, request_id, prompt=text, priority=priority, deadline=deadline)
+

@@ -12,7 +12,7 @@ from typing import Iterator
 import openai
 import pytest
 
-from helpers import Server, hf_model, run_server
+from helpers import Server, hf_beams, hf_model, run_server
 
 BLOCK = 16
 PROMPT = "The quick brown fox jumps over the lazy dog because"
@@ -211,3 +211,39 @@ def test_chat_echo_and_beam_fields_accepted(client, model):
     r = client.completions.create(model=model, prompt="Hi", max_tokens=1,
                                   extra_body={"use_beam_search": False, "length_penalty": 1.0, "early_stopping": False})
     assert r.choices[0].finish_reason == "length"
+
+
+@pytest.fixture(scope="module")
+def hf_default():
+    from host.core.models.default_model import default_model_path
+
+    return hf_model(default_model_path())
+
+
+def test_beam_search_on_both_routes_matches_transformers(client, model, tokenizer, hf_default):
+    """``use_beam_search`` with ``n`` beams: the beams transformers' ``num_beams`` finds, best
+    first, on /v1/completions (streamed too) and /v1/chat/completions; sampling settings beam
+    search cannot honour are a 400 naming them."""
+    eos = [tokenizer.eos_token_id]
+    ids = tokenizer.encode(PROMPT)
+    want = hf_beams(hf_default, ids, 3, 6, eos)
+    beam = {"use_beam_search": True, "length_penalty": 1.0}
+    out = client.completions.create(model=model, prompt=PROMPT, n=3, max_tokens=6, extra_body={**beam, "return_token_ids": True})
+    assert [c.token_ids for c in out.choices] == [tokens for tokens, _ in want]
+    assert [c.text for c in out.choices] == [tokenizer.decode(t, skip_special_tokens=True) for t, _ in want]
+    chunks = list(client.completions.create(model=model, prompt=PROMPT, n=3, max_tokens=6, stream=True, extra_body=beam))
+    streamed = {}
+    for chunk in chunks:
+        for c in chunk.choices:
+            streamed[c.index] = streamed.get(c.index, "") + c.text
+    assert [streamed[i] for i in range(3)] == [c.text for c in out.choices]
+
+    messages = [{"role": "user", "content": "Name a colour."}]
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    want = hf_beams(hf_default, tokenizer.encode(text, add_special_tokens=False), 2, 5, eos)
+    chat = client.chat.completions.create(model=model, messages=messages, n=2, max_tokens=5, extra_body=beam)
+    assert [c.message.content for c in chat.choices] == [tokenizer.decode(t, skip_special_tokens=True) for t, _ in want]
+
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model=model, prompt=PROMPT, n=2, max_tokens=4, top_p=0.5, extra_body=beam)
+    assert "use_beam_search does not support top_p" in str(err.value)
