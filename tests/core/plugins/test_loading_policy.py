@@ -79,7 +79,8 @@ def test_allowlist_matches_distribution_name(fixture_sites):
     assert {n: s for n, s in statuses(host).items() if n.startswith("recorder_")} == {
         n: "loaded" for n in (
             "recorder_general", "recorder_platform", "recorder_attention", "recorder_quant",
-            "recorder_kv", "recorder_executor", "recorder_io", "recorder_stats",
+            "recorder_kv", "recorder_executor", "recorder_io", "recorder_stats", "recorder_tool_parsers",
+            "recorder_reasoning_parsers",
         )
     }
 

@@ -22,6 +22,8 @@ def test_collectors_are_every_register_hook_with_its_kind():
         "host_register_io_processors": "io_processors",
         "host_register_endpoints": "endpoints",
         "host_register_stat_loggers": "stat_loggers",
+        "host_register_tool_parsers": "tool_parsers",
+        "host_register_reasoning_parsers": "reasoning_parsers",
         "host_register_models": "models",
     }
     assert set(COLLECTORS) == {h for h in all_hook_names() if h.startswith("host_register_")}
