@@ -41,6 +41,9 @@ def serve_cmd(
     model: Optional[str] = typer.Argument(
         None, help="HF model directory or .gguf file, served under the name typed here (default: HuggingFaceTB/SmolLM2-135M-Instruct)."
     ),
+    model_option: Optional[str] = typer.Option(
+        None, "--model", help="The model as a flag, as vLLM scripts pass it (the same as the MODEL argument)."
+    ),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
     port: int = typer.Option(8000, "--port", help="Port to listen on."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="HOST_API_KEY", help="Require 'Authorization: Bearer KEY' on every route but /health, /version, /metrics and the API docs."),
@@ -126,6 +129,10 @@ def serve_cmd(
 
     configure_logging(log_level.upper())
     log_vllm_flags(vllm_flags)
+    if model is not None and model_option is not None and model != model_option:
+        typer.echo(f"error: the model is given twice ({model!r} and --model {model_option!r}); pass it once", err=True)
+        raise typer.Exit(code=2)
+    model = model if model is not None else model_option
     try:
         os.environ.update(plugin_host_for(**plugin_flags).settings.to_env())  # the engine process inherits them
         run_server(

@@ -199,3 +199,11 @@ def test_cors_flags_send_cors_headers_also_before_the_api_key(serve, plugin_host
     assert "access-control-allow-origin" not in client.get("/v1/models", headers={"Origin": "https://evil.example"}).headers
     plain = TestClient(build_app(config, ServerSettings(api_key="k"), plugin_host, start_engine=False))
     assert "access-control-allow-origin" not in plain.get("/v1/models", headers={"Origin": "https://app.example"}).headers
+
+
+def test_the_model_as_vllms_model_flag(serve):
+    result, call = serve("--model", "HuggingFaceTB/SmolLM2-135M-Instruct", "--port", "8001")
+    assert result.exit_code == 0, result.output
+    assert call["model"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    result, _ = serve("a-model", "--model", "another-model")
+    assert result.exit_code == 2 and "given twice" in result.output
