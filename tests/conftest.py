@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+import openai
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # for `import helpers`
@@ -107,3 +108,16 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., P
         return path
 
     return build
+
+
+# -- the official openai client on a module's `server` fixture (a real host serve) ------------
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def model(client) -> str:
+    return client.models.list().data[0].id

@@ -14,7 +14,6 @@ import json
 import subprocess
 from typing import Iterator
 
-import openai
 import pytest
 import torch
 
@@ -34,16 +33,6 @@ def server(tmp_path_factory, fixture_sites) -> Iterator[Server]:
     args = ["--enable-auto-tool-choice", "--tool-call-parser", "whole_output", "--reasoning-parser", "deepseek_r1"]
     with run_server(tmp_path_factory.mktemp("toolparser"), args, sites=[fixture_sites["toolparser"]]) as s:
         yield s
-
-
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def model(client) -> str:
-    return client.models.list().data[0].id
 
 
 @pytest.fixture(scope="module")
