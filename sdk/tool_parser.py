@@ -14,6 +14,9 @@ pure functions of the text generated so far:
 :class:`ToolCallStream` turns successive ``parse_partial`` results (and a final ``extract``) into
 the OpenAI streaming deltas: a call's first delta carries ``index``, ``id``, ``type`` and
 ``function.name`` with empty ``arguments``, later ones carry argument fragments.
+
+For JSON-based formats, :func:`call_from_object` reads one ``{"name": ..., "arguments": ...}``
+object and :func:`decode_sequence` the JSON values written one after another.
 """
 
 from __future__ import annotations
@@ -87,6 +90,45 @@ class ToolParser:
     def stream(self, tools: list[dict[str, Any]] | None = None, max_calls: int | None = None) -> "ToolCallStream":
         """A streaming state for one choice (``max_calls=1`` keeps only the first call)."""
         return ToolCallStream(self, tools, max_calls)
+
+
+_DECODER = json.JSONDecoder()
+
+
+def call_from_object(obj: Any, argument_keys: tuple[str, ...] = ("arguments", "parameters")) -> ToolCall | None:
+    """The call a decoded JSON object states, or ``None`` when it is not one (no string
+    ``name``, or arguments that are not an object)."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+        return None
+    arguments: Any = {}
+    for key in argument_keys:
+        if key in obj:
+            arguments = obj[key]
+            break
+    if isinstance(arguments, str):  # some models send the arguments as JSON text
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(arguments, dict):
+        return None
+    return ToolCall(obj["name"], arguments_json(arguments))
+
+
+def decode_sequence(text: str, separator: str = "") -> tuple[list[Any], str]:
+    """The JSON values at the start of ``text``, one after another (whitespace and, if given,
+    ``separator`` between them), and the rest of ``text`` that did not decode."""
+    values, pos = [], 0
+    while True:
+        while pos < len(text) and (text[pos].isspace() or (separator and text.startswith(separator, pos))):
+            pos += 1
+        if pos >= len(text):
+            return values, ""
+        try:
+            value, pos = _DECODER.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            return values, text[pos:]
+        values.append(value)
 
 
 def hold_back_prefix(text: str, marker: str) -> str:

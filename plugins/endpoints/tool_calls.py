@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from host.sdk import APIError, ExtractedToolCalls, PartialToolCalls, ToolCall, ToolParser
-from host.sdk.tool_parser import arguments_json
+from host.sdk.tool_parser import arguments_json, decode_sequence
 
 AUTO_NEEDS_FLAGS = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
@@ -157,20 +157,17 @@ class RequiredCallsParser(ToolParser):
         return ExtractedToolCalls(None, calls)  # type: ignore[arg-type]
 
     def parse_partial(self, text: str, tools: list[dict[str, Any]] | None = None) -> PartialToolCalls:
-        decoder, pos, calls = json.JSONDecoder(), text.find("[") + 1, []
-        if pos == 0:
+        start = text.find("[")
+        if start < 0:
             return PartialToolCalls()
-        while True:
-            while pos < len(text) and (text[pos].isspace() or text[pos] == ","):
-                pos += 1
-            try:
-                value, pos = decoder.raw_decode(text, pos)
-            except json.JSONDecodeError:
-                return PartialToolCalls(calls=calls)
+        values, _ = decode_sequence(text[start + 1:], ",")  # the complete calls so far
+        calls: list[tuple[str, str | None]] = []
+        for value in values:
             call = _required_call(value)
             if call is None:
-                return PartialToolCalls(calls=calls)
+                break
             calls.append((call.name, call.arguments))
+        return PartialToolCalls(calls=calls)
 
 
 def _required_call(value: Any) -> ToolCall | None:

@@ -7,9 +7,8 @@ import json
 import re
 from typing import Any
 
-from host.plugins.tool_parsers.json_calls import call_from_object
 from host.sdk import ExtractedToolCalls, PartialToolCalls, ToolParser
-from host.sdk.tool_parser import hold_back_prefix
+from host.sdk.tool_parser import call_from_object, hold_back_prefix
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(re.escape(OPEN) + r"(.*?)(?:" + re.escape(CLOSE) + r"|$)", re.DOTALL)

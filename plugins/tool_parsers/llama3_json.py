@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from host.plugins.tool_parsers.json_calls import call_from_object, decode_sequence
 from host.sdk import ExtractedToolCalls, PartialToolCalls, ToolParser
+from host.sdk.tool_parser import call_from_object, decode_sequence
 
 PYTHON_TAG = "<|python_tag|>"
 

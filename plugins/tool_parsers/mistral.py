@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from host.plugins.tool_parsers.json_calls import call_from_object, decode_sequence
 from host.sdk import ExtractedToolCalls, PartialToolCalls, ToolCall, ToolParser
-from host.sdk.tool_parser import arguments_json, hold_back_prefix
+from host.sdk.tool_parser import arguments_json, call_from_object, decode_sequence, hold_back_prefix
 
 TOOL_CALLS, ARGS = "[TOOL_CALLS]", "[ARGS]"
 EOS = "</s>"
