@@ -164,8 +164,7 @@ async def create_chat_completion(body: ChatCompletionRequest, raw: Request) -> A
     created = int(time.time())
     (gen,) = generations(engine, body, params, [(text, ids)], request_id, body.deadline())
     if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(_stream_chat(gen, request_id, created, model, top, include_usage, tokenizer, shape, parsing), media_type="text/event-stream")
+        return StreamingResponse(_stream_chat(gen, request_id, created, model, top, tokenizer, shape, parsing), media_type="text/event-stream")
     result = await run_to_end(raw, gen)
     return await off_loop(_chat_response, result, request_id, created, model, top, tokenizer, shape, parsing)
 
@@ -231,8 +230,12 @@ def _message(comp: Any, shape: Any, parsing: ChatParsing) -> tuple[dict[str, Any
     message, called = parsing.message(comp.text)
     if shape.echo:
         message["content"] = shape.echo + (message["content"] or "")
-    finish = "tool_calls" if called and comp.finish_reason == "stop" else comp.finish_reason
-    return message, finish
+    return message, _finish_reason(comp, called)
+
+
+def _finish_reason(comp: Any, called: bool) -> str | None:
+    """``"tool_calls"`` for a choice that stopped on its own with calls, else its own reason."""
+    return "tool_calls" if called and comp.finish_reason == "stop" else comp.finish_reason
 
 
 def _chat_response(result: Any, request_id: str, created: int, model: str, top: int, tokenizer: Any, shape: Any, parsing: ChatParsing) -> FastJSONResponse:
@@ -257,7 +260,7 @@ def _chat_response(result: Any, request_id: str, created: int, model: str, top: 
     })
 
 
-async def _stream_chat(gen, request_id, created, model, top, include_usage, tokenizer, shape, parsing) -> AsyncIterator[str]:
+async def _stream_chat(gen, request_id, created, model, top, tokenizer, shape, parsing) -> AsyncIterator[str]:
     cursors: dict[int, ChoiceCursor] = {}
     streams: dict[int, Any] = {}
     final = None
@@ -283,7 +286,7 @@ async def _stream_chat(gen, request_id, created, model, top, include_usage, toke
                     continue
                 stream = streams.setdefault(comp.index, parsing.stream())
                 delta = stream.feed(comp.text, finished)
-                finish = ("tool_calls" if stream.called and comp.finish_reason == "stop" else comp.finish_reason) if finished else None
+                finish = _finish_reason(comp, stream.called) if finished else None
                 chunk = {**base, "choices": [{
                     "index": comp.index,
                     "delta": delta,
@@ -296,7 +299,7 @@ async def _stream_chat(gen, request_id, created, model, top, include_usage, toke
                     chunk["usage"] = usage([final], shape.details, len(comp.token_ids))
                 cur.text, cur.tokens, cur.done = len(comp.text), len(comp.token_ids), finished
                 yield sse(chunk)
-        if include_usage and final is not None:
+        if shape.include_usage and final is not None:
             yield sse({**base, "choices": [], "usage": usage([final], shape.details)})
     except Exception as exc:  # noqa: BLE001
         logger.warning("chat stream %s failed: %s", request_id, exc)
