@@ -37,6 +37,24 @@ def dtype_num_bytes(dtype: str) -> int:
         ) from None
 
 
+FP8_KV_DTYPE = "float8_e4m3fn"
+"""The element type of ``--kv-cache-dtype fp8`` pages (OCP e4m3: 4 exponent bits, 3 mantissa bits,
+finite range +-448, no infinities)."""
+FP8_E4M3_MAX = 448.0
+"""The largest finite float8_e4m3fn value; K/V are clamped to +-448 * scale before the cast."""
+
+
+def kv_cache_element_dtype(cache_dtype: str, model_dtype: str) -> str:
+    """The dtype name KV pages are stored in: the model dtype for ``auto``, ``float8_e4m3fn`` for
+    ``fp8`` / ``fp8_e4m3`` (``--kv-cache-dtype``). Page sizes and the worker's cache tensors both
+    follow it, so an fp8 cache holds twice the blocks of a bfloat16 one in the same budget."""
+    if cache_dtype == "auto":
+        return str(model_dtype).removeprefix("torch.")
+    if cache_dtype in ("fp8", "fp8_e4m3"):
+        return FP8_KV_DTYPE
+    raise ValueError(f"kv cache dtype {cache_dtype!r} is not supported; use one of auto, fp8, fp8_e4m3")
+
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 

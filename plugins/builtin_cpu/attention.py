@@ -5,7 +5,8 @@
 The compiled kernel reads K/V straight from the cache pages through the block table, so a
 group of single-token queries skips the gather into a padded workspace. It takes float32 CPU
 caches of causal decode groups; every other group, and every group when the kernel could not be
-built, runs the torch path.
+built, runs the torch path — so do all groups over fp8 pages (``--kv-cache-dtype fp8``: the
+torch path writes ``e4m3(k / k_scale)`` and reads ``page * k_scale``).
 
 Subclassing the ``torch_paged`` classes is one of the two places a built-in plugin imports
 another built-in plugin (an exception ``tests/test_layering.py`` names, like ``RocmPlatform``
@@ -74,7 +75,8 @@ class CpuPagedAttentionBackend(TorchPagedAttentionBackend):
     Any positive block size works (``MultipleOf(1)``; 16 is the engine default). Supports
     sliding windows, prefix caching (context already in the cache) and mixed prefill/decode
     batches. The per-layer cache is ``(2, num_blocks, block_size, num_kv_heads, head_size)``;
-    the metadata builder is ``torch_paged``'s.
+    the metadata builder is ``torch_paged``'s. fp8 KV pages (``--kv-cache-dtype fp8``) are
+    inherited from ``torch_paged`` (its torch path; the compiled kernel reads float32 only).
     """
 
     name: ClassVar[str] = "cpu_paged"

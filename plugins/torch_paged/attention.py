@@ -20,6 +20,13 @@ Everything that depends only on the batch layout (the groups, gather indices, qu
 masks) is computed once per step by
 :class:`~host.plugins.torch_paged.metadata.TorchPagedAttentionMetadataBuilder` and shared by all
 layers (how requests are grouped is said there).
+
+**fp8 pages** (``--kv-cache-dtype fp8``: the cache tensor is ``float8_e4m3fn``): a K row is stored
+as ``e4m3(clamp(k / k_scale, +-448))`` and read back as ``page.to(model dtype) * k_scale`` (V
+alike with ``v_scale``); the scales are the impl's ``k_scale`` / ``v_scale``, fixed for the
+engine's life (docs/quantization.md, "fp8 KV cache", says why). Pages move as ``uint8`` views
+(CPU torch has no ``index_copy_`` for float8), and the gathered fp8 pages are widened into a
+second workspace of the model dtype before the attention call, so SDPA never sees fp8.
 """
 
 from __future__ import annotations
@@ -37,10 +44,40 @@ from host.plugins.torch_paged.metadata import (
 from host.sdk.attention import AttentionBackend, AttentionImpl, AttentionMetadataBuilder, MultipleOf
 
 _FOLD_MAX_QUERY_LEN = 16  # up to this many query rows per request, fold GQA heads into rows
+FP8_KV_DTYPES = ("fp8", "fp8_e4m3")  # the --kv-cache-dtype values meaning float8_e4m3fn pages
+_FP8_MAX = 448.0  # largest finite float8_e4m3fn
+
+
+def is_fp8_cache(kv_cache: torch.Tensor) -> bool:
+    """Whether ``kv_cache`` holds fp8 pages (``--kv-cache-dtype fp8``)."""
+    return kv_cache.dtype == torch.float8_e4m3fn
+
+
+def quantize_kv(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """``x`` as float8_e4m3fn pages with ``value = stored * scale``: divided by ``scale``,
+    clamped to the finite range (+-448: no NaN for an outlier) and rounded to nearest."""
+    x = x.float()
+    if scale != 1.0:
+        x = x / scale
+    return x.clamp_(-_FP8_MAX, _FP8_MAX).to(torch.float8_e4m3fn)
+
+
+def dequantize_kv(pages: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """fp8 ``pages`` back in ``dtype``: ``pages.to(dtype) * scale`` (exact for bfloat16 and
+    float32 at scale 1: every e4m3 value is representable in both)."""
+    out = pages.to(dtype)
+    return out.mul_(scale) if scale != 1.0 else out
 
 
 class TorchPagedAttentionImpl(AttentionImpl):
-    """Writes K/V through the slot mapping, then runs one fused attention call per group."""
+    """Writes K/V through the slot mapping, then runs one fused attention call per group.
+
+    ``k_scale`` / ``v_scale`` are this layer's fp8 scales (used only when the cache is fp8):
+    1.0 unless set before the first step, and never changed afterwards (pages already written,
+    prefix-cached ones included, are read with the same scale)."""
+
+    k_scale: float = 1.0
+    v_scale: float = 1.0
 
     def forward(
         self,
@@ -60,8 +97,7 @@ class TorchPagedAttentionImpl(AttentionImpl):
             self._attend(group, query, kv_cache, md, output)
         return output
 
-    @staticmethod
-    def _write_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, md: TorchPagedAttentionMetadata) -> None:
+    def _write_kv(self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, md: TorchPagedAttentionMetadata) -> None:
         if md.write_slots.numel() == 0:
             return
         k_flat = kv_cache[0].view(-1, kv_cache.shape[-2], kv_cache.shape[-1])
@@ -69,6 +105,10 @@ class TorchPagedAttentionImpl(AttentionImpl):
         if md.write_token_index is not None:
             key = key.index_select(0, md.write_token_index)
             value = value.index_select(0, md.write_token_index)
+        if is_fp8_cache(kv_cache):  # moved as bytes: CPU torch has no float8 index_copy_
+            k_flat.view(torch.uint8).index_copy_(0, md.write_slots, quantize_kv(key, self.k_scale).view(torch.uint8))
+            v_flat.view(torch.uint8).index_copy_(0, md.write_slots, quantize_kv(value, self.v_scale).view(torch.uint8))
+            return
         k_flat.index_copy_(0, md.write_slots, key.to(kv_cache.dtype))
         v_flat.index_copy_(0, md.write_slots, value.to(kv_cache.dtype))
 
@@ -83,16 +123,27 @@ class TorchPagedAttentionImpl(AttentionImpl):
         n, mq, heads, hd = g.num_reqs, g.max_query_len, self.num_heads, self.head_size
         kv_heads, bs = kv_cache.shape[-2], kv_cache.shape[2]
         rep = heads // kv_heads
+        fp8 = is_fp8_cache(kv_cache)
+        cache = kv_cache.view(torch.uint8) if fp8 else kv_cache  # fp8 pages are gathered as bytes
+        compute_dtype = query.dtype if fp8 else kv_cache.dtype
 
         # 1. gather the group's pages into the workspace: [2, n * blocks, bs, kv_heads, hd]
-        kv = md.workspace.get("kv", (2, g.kv_block_ids.numel(), bs, kv_heads, hd), kv_cache.dtype)
-        if kv_cache.is_contiguous():  # K and V pages in one op
-            pages = kv_cache.view(-1, bs, kv_heads, hd)
-            ids = g.kv_page_ids(kv_cache.shape[1])
+        kv = md.workspace.get("kv", (2, g.kv_block_ids.numel(), bs, kv_heads, hd), cache.dtype)
+        if cache.is_contiguous():  # K and V pages in one op
+            pages = cache.view(-1, bs, kv_heads, hd)
+            ids = g.kv_page_ids(cache.shape[1])
             torch.index_select(pages, 0, ids, out=kv.view(-1, bs, kv_heads, hd))
         else:
-            torch.index_select(kv_cache[0], 0, g.kv_block_ids, out=kv[0])
-            torch.index_select(kv_cache[1], 0, g.kv_block_ids, out=kv[1])
+            torch.index_select(cache[0], 0, g.kv_block_ids, out=kv[0])
+            torch.index_select(cache[1], 0, g.kv_block_ids, out=kv[1])
+        if fp8:  # widen into the model dtype, scales applied: [2, n * blocks, bs, kv_heads, hd]
+            wide = md.workspace.get("kv_wide", tuple(kv.shape), compute_dtype)
+            wide.copy_(kv.view(torch.float8_e4m3fn))
+            if self.k_scale != 1.0:
+                wide[0].mul_(self.k_scale)
+            if self.v_scale != 1.0:
+                wide[1].mul_(self.v_scale)
+            kv = wide
         kv = kv.view(2, n, g.num_kv_blocks * bs, kv_heads, hd)[:, :, : g.kv_len]
         k = kv[0].transpose(1, 2)  # [n, kv_heads, kv_len, hd]: a strided view, no copy
         v = kv[1].transpose(1, 2)
@@ -102,7 +153,7 @@ class TorchPagedAttentionImpl(AttentionImpl):
             q = query[g.query_token_range[0] : g.query_token_range[1]]
         else:
             q = query.index_select(0, g.query_token_index)
-        q = q.to(kv_cache.dtype).view(n, mq, heads, hd)
+        q = q.to(compute_dtype).view(n, mq, heads, hd)
 
         # 3. one fused call (float32 softmax and accumulation inside the kernel)
         if g.use_is_causal and self.sliding_window is None:
@@ -140,13 +191,14 @@ class TorchPagedAttentionBackend(AttentionBackend):
 
     Any positive block size works (``MultipleOf(1)``). Supports sliding windows, prefix caching
     (context already in the cache) and mixed prefill/decode batches. The per-layer cache is
-    ``(2, num_blocks, block_size, num_kv_heads, head_size)``.
+    ``(2, num_blocks, block_size, num_kv_heads, head_size)``, in the model dtype or, with
+    ``--kv-cache-dtype fp8``, float8_e4m3fn (torch converts in software: any device).
     """
 
     name: ClassVar[str] = "torch_paged"
     device_types: ClassVar[tuple[str, ...]] = ("cuda", "cpu")
     supported_dtypes: ClassVar[tuple[str, ...]] = ("float32", "bfloat16", "float16")
-    supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = ("auto",)
+    supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = ("auto", *FP8_KV_DTYPES)
     supported_head_sizes: ClassVar[tuple[int, ...] | None] = None
     block_size_constraint: ClassVar[MultipleOf] = MultipleOf(1)
     supports_sliding_window: ClassVar[bool] = True

@@ -226,8 +226,10 @@ def test_supports_combination() -> None:
     assert isinstance(wrong_device, str) and "cuda" in wrong_device
     wrong_dtype = CpuPagedAttentionBackend.supports_combination(AttentionRequirements("cpu", "float16", 64, 16))
     assert isinstance(wrong_dtype, str) and "float16" in wrong_dtype
-    fp8 = CpuPagedAttentionBackend.supports_combination(AttentionRequirements("cpu", "float32", 64, 16, kv_cache_dtype="fp8"))
-    assert isinstance(fp8, str)
+    # fp8 pages run on the torch path (tests/plugins/torch_paged/test_fp8_kv.py); e5m2 is refused
+    assert CpuPagedAttentionBackend.supports_combination(AttentionRequirements("cpu", "float32", 64, 16, kv_cache_dtype="fp8")) is None
+    e5m2 = CpuPagedAttentionBackend.supports_combination(AttentionRequirements("cpu", "float32", 64, 16, kv_cache_dtype="fp8_e5m2"))
+    assert isinstance(e5m2, str) and "fp8_e5m2" in e5m2
     assert CpuPagedAttentionBackend.name == "cpu_paged"
     assert CpuPagedAttentionBackend.get_kv_cache_shape(10, 16, 2, 64) == (2, 10, 16, 2, 64)
 

@@ -45,8 +45,10 @@ def test_flags_any_device_and_the_gpu_dtypes():
         for dtype in ("float32", "bfloat16", "float16"):
             req = AttentionRequirements(device, dtype, head_size=80, block_size=3, sliding_window=64)
             assert TorchPagedAttentionBackend.supports_combination(req) is None
+    for fp8 in ("fp8", "fp8_e4m3"):  # float8_e4m3fn pages, converted by torch on any device
+        assert TorchPagedAttentionBackend.supports_combination(AttentionRequirements("cuda", "bfloat16", 64, 16, kv_cache_dtype=fp8)) is None
     assert "kv cache dtype" in TorchPagedAttentionBackend.supports_combination(
-        AttentionRequirements("cuda", "bfloat16", 64, 16, kv_cache_dtype="fp8")
+        AttentionRequirements("cuda", "bfloat16", 64, 16, kv_cache_dtype="fp8_e5m2")
     )
     assert not TorchPagedAttentionBackend.supports_cuda_graphs
     # cpu_paged is this algorithm plus the compiled decode kernel, under the CPU's flags
