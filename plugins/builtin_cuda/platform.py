@@ -62,13 +62,29 @@ class CudaPlatform(Platform):
         logger.info("CUDA %s", config.compilation.describe())
 
     def prepare_model(self, model: Any, config: Any) -> None:
-        """With custom ops on (``-O1`` and above, or ``--custom-ops``), the model's norms, rotary
-        embedding and SiLU-and-mul run as Triton custom ops (``host::*``, traceable by
-        torch.compile)."""
+        """Quantized linears run the Triton dequant kernels (:meth:`register_quant_kernels`, at
+        every ``-O`` level). With custom ops on (``-O1`` and above, or ``--custom-ops``), the
+        model's norms, rotary embedding and SiLU-and-mul run as Triton custom ops (``host::*``,
+        traceable by torch.compile)."""
+        self.register_quant_kernels()
         if config.compilation.custom_ops:
             from host.plugins.triton_ops.custom_ops import attach_triton_ops
 
             attach_triton_ops(model)
+
+    def register_quant_kernels(self) -> list[str]:
+        """Put the Triton kernels of :mod:`host.plugins.triton_ops.quant_linear` in the kernel
+        table for device type ``cuda`` (priority 10, over the torch references): ``gguf_linear``
+        and ``int8_linear``, and on NVIDIA ``fp8_linear`` (``torch._scaled_mm`` on compute
+        capability >= 8.9, a Triton kernel below). ROCm inherits this without ``fp8_linear``
+        (its gfx942 computes e4m3fnuz, not the checkpoints' e4m3fn) and registers nothing when
+        Triton does not target its GPU. Returns the ops registered."""
+        triton_problem = getattr(self, "triton_problem", None)  # RocmPlatform's check
+        if triton_problem is not None and triton_problem():
+            return []
+        from host.plugins.triton_ops.quant_linear import register_quant_kernels
+
+        return register_quant_kernels(self.device_type, fp8=self.is_cuda())
 
     def sampling_kernel(self, config: Any) -> Any:
         """With custom ops on, the sampler draws with the Triton kernel (temperature, min-p,

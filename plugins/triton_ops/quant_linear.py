@@ -1,0 +1,514 @@
+"""Quantized linear layers on the GPU: Triton dequant-GEMM kernels for the kernel-table ops
+``gguf_linear``, ``int8_linear`` and ``fp8_linear`` (contracts in ``host.sdk.kernels``' callers,
+``plugins/quantization/``).
+
+- :func:`gguf_linear` ``(x [M, K], qweight uint8 [N, row_bytes], qtype, bias) -> [M, N]``:
+  ``x @ dequantize(qweight)^T + bias`` for GGUF Q4_0, Q4_1, Q8_0, Q4_K and Q6_K rows, stored
+  exactly as the .gguf file stores them. Each weight value is decoded in registers from its
+  block's bytes (the float16 scales are assembled from two bytes, so no alignment is assumed);
+  activations are read in their dtype and multiplied in float32 with float32 accumulation
+  (``tl.dot`` in IEEE precision), so the result equals the dequantized-float32 reference up to
+  summation order.
+- :func:`int8_linear` ``(x, qweight int8 [N, K], scales float32 [N], bias)``:
+  ``x @ (qweight * scales[:, None])^T + bias``; the row scale is applied to the accumulator.
+- :func:`fp8_linear` ``(x, qweight float8_e4m3fn [N, K], scales float32 [N], bias)``: W8A8 with
+  per-token dynamic activation scales (:func:`quantize_per_token`: ``sx = amax|x row| / 448``,
+  ``xq = (x / sx)`` rounded to e4m3). On GPUs of compute capability >= 8.9 (Ada, Hopper) the
+  product is ``torch._scaled_mm`` with row-wise scales; elsewhere (and where ``K`` or ``N`` is
+  not a multiple of 16) a Triton kernel decodes both e4m3 operands from their bytes and
+  multiplies in float32 (:func:`fp8_linear_triton`).
+
+Two launch shapes: for ``M <= GEMV_MAX_M`` (decode) a GEMV grid of one token by ``BLOCK_N`` rows
+per program, split along K over enough programs to fill the GPU (partials summed with float32
+atomics); for larger ``M`` a tiled GEMM. All kernels also run on CPU tensors under
+``TRITON_INTERPRET=1``, which is how CI checks them against ``gguf.quants.dequantize``
+(``tests/plugins/triton_ops/test_quant_linear.py``). The public ops are ``torch.library``
+custom ops (``host::triton_*``), so ``torch.compile`` sees one opaque node per linear.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+
+    HAS_TRITON = True
+except ImportError:  # pragma: no cover - triton ships with torch on Linux x86_64
+    HAS_TRITON = False
+
+# gguf.GGMLQuantizationType values (fixed by the file format) -> (values, bytes) per block
+Q4_0, Q4_1, Q8_0, Q4_K, Q6_K = 2, 3, 8, 12, 14
+GGUF_BLOCKS: dict[int, tuple[int, int]] = {Q4_0: (32, 18), Q4_1: (32, 20), Q8_0: (32, 34), Q4_K: (256, 144), Q6_K: (256, 210)}
+GGUF_NAMES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0", Q4_K: "Q4_K", Q6_K: "Q6_K"}
+
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+FP8_MIN_AMAX = 1e-12  # an all-zero token row gets this amax, so its scale is not 0 (no 0/0)
+GEMV_MAX_M = 4  # up to this many tokens, the GEMV launch (weights are re-read per token from L2)
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _f16_at(ptr, mask):
+        """The little-endian float16 at byte pointers ``ptr``, as float32."""
+        lo = tl.load(ptr, mask=mask, other=0).to(tl.int32)
+        hi = tl.load(ptr + 1, mask=mask, other=0).to(tl.int32)
+        return (lo | (hi << 8)).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+
+    @triton.jit
+    def _i8_at(ptr, mask):
+        """The int8 at byte pointers ``ptr``, as int32."""
+        v = tl.load(ptr, mask=mask, other=0).to(tl.int32)
+        return v - ((v >> 7) << 8)
+
+    @triton.jit
+    def _gguf_tile(w_ptr, row_stride, rows, cols, mask, QTYPE: tl.constexpr):
+        """Dequantize the weight values at (``rows``, ``cols``) (broadcast index tensors of the
+        same shape) of GGUF rows, as float32. ``cols`` index values along K."""
+        if QTYPE == 2:  # Q4_0: d, 16 bytes of nibbles (low: values 0-15, high: 16-31)
+            base = w_ptr + rows * row_stride + (cols // 32) * 18
+            j = cols % 32
+            d = _f16_at(base, mask)
+            q = (tl.load(base + 2 + (j % 16), mask=mask, other=0).to(tl.int32) >> ((j // 16) * 4)) & 15
+            w = d * (q - 8).to(tl.float32)
+        elif QTYPE == 3:  # Q4_1: d, m, 16 bytes of nibbles
+            base = w_ptr + rows * row_stride + (cols // 32) * 20
+            j = cols % 32
+            d = _f16_at(base, mask)
+            m = _f16_at(base + 2, mask)
+            q = (tl.load(base + 4 + (j % 16), mask=mask, other=0).to(tl.int32) >> ((j // 16) * 4)) & 15
+            w = d * q.to(tl.float32) + m
+        elif QTYPE == 8:  # Q8_0: d, 32 int8
+            base = w_ptr + rows * row_stride + (cols // 32) * 34
+            d = _f16_at(base, mask)
+            w = d * _i8_at(base + 2 + cols % 32, mask).to(tl.float32)
+        elif QTYPE == 12:  # Q4_K: d, dmin, 12 bytes of 6-bit scales/mins, 128 bytes of nibbles
+            base = w_ptr + rows * row_stride + (cols // 256) * 144
+            j = cols % 256
+            sb = j // 32  # sub-block of 32 values, 0..7
+            d = _f16_at(base, mask)
+            dmin = _f16_at(base + 2, mask)
+            s_lo = tl.load(base + 4 + sb % 4, mask=mask, other=0).to(tl.int32)  # scales[sb % 4]
+            s_mid = tl.load(base + 8 + sb % 4, mask=mask, other=0).to(tl.int32)  # scales[4 + sb % 4]
+            s_hi = tl.load(base + 12 + sb % 4, mask=mask, other=0).to(tl.int32)  # scales[8 + sb % 4]
+            low = sb < 4
+            sc = tl.where(low, s_lo & 63, (s_hi & 15) | ((s_lo >> 6) << 4))
+            mn = tl.where(low, s_mid & 63, (s_hi >> 4) | ((s_mid >> 6) << 4))
+            byte = tl.load(base + 16 + (j // 64) * 32 + j % 32, mask=mask, other=0).to(tl.int32)
+            q = (byte >> ((sb % 2) * 4)) & 15
+            w = d * sc.to(tl.float32) * q.to(tl.float32) - dmin * mn.to(tl.float32)
+        else:  # Q6_K: 128 bytes low nibbles, 64 bytes high 2-bit pairs, 16 int8 scales, d
+            base = w_ptr + rows * row_stride + (cols // 256) * 210
+            j = cols % 256
+            half = j // 128
+            e = j % 128
+            g = e // 32  # quarter of the half, 0..3
+            lane = e % 32
+            ql = tl.load(base + half * 64 + lane + (g % 2) * 32, mask=mask, other=0).to(tl.int32)
+            qh = tl.load(base + 128 + half * 32 + lane, mask=mask, other=0).to(tl.int32)
+            q = ((ql >> ((g // 2) * 4)) & 15) | (((qh >> (g * 2)) & 3) << 4)
+            sc = _i8_at(base + 192 + j // 16, mask)
+            d = _f16_at(base + 208, mask)
+            w = d * sc.to(tl.float32) * (q - 32).to(tl.float32)
+        return w
+
+    @triton.jit
+    def _weight_tile(w_ptr, row_stride, rows, cols, mask, KIND: tl.constexpr, QTYPE: tl.constexpr):
+        """One [rows x cols] tile of the weight in float32: GGUF blocks (KIND 0), int8 (1,
+        unscaled: the row scale goes on the accumulator) or e4m3fn bytes (2, unscaled)."""
+        if KIND == 0:
+            w = _gguf_tile(w_ptr, row_stride, rows, cols, mask, QTYPE)
+        elif KIND == 1:
+            w = tl.load(w_ptr + rows * row_stride + cols, mask=mask, other=0).to(tl.float32)
+        else:
+            w = _e4m3_decode(tl.load(w_ptr + rows * row_stride + cols, mask=mask, other=0).to(tl.int32))
+        return w
+
+    @triton.jit
+    def _e4m3_decode(b):
+        """float8_e4m3fn bit patterns (int32 0..255) -> float32 (no NaN: quantization saturates)."""
+        sign = tl.where((b & 128) != 0, -1.0, 1.0)
+        exp = (b >> 3) & 15
+        mant = (b & 7).to(tl.float32)
+        normal = (1.0 + mant * 0.125) * tl.exp2((exp - 7).to(tl.float32))
+        subnormal = mant * 0.001953125  # mant / 8 * 2**-6
+        return sign * tl.where(exp == 0, subnormal, normal)
+
+    @triton.jit
+    def _gemv_kernel(
+        x_ptr, w_ptr, out_ptr, bias_ptr, row_scale_ptr, tok_scale_ptr,
+        N, K, x_stride, w_stride, out_stride, k_per_split,
+        KIND: tl.constexpr, QTYPE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ROW_SCALE: tl.constexpr,
+        HAS_TOK_SCALE: tl.constexpr, X_FP8: tl.constexpr, ATOMIC: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ):
+        pid_n = tl.program_id(0)
+        m = tl.program_id(1).to(tl.int64)
+        pid_k = tl.program_id(2)
+        rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        row_ok = rows < N
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        k_lo = pid_k * k_per_split
+        k_hi = tl.minimum(k_lo + k_per_split, K)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            cols = k0 + tl.arange(0, BLOCK_K)
+            col_ok = cols < k_hi
+            if X_FP8:
+                xv = _e4m3_decode(tl.load(x_ptr + m * x_stride + cols, mask=col_ok, other=0).to(tl.int32))
+            else:
+                xv = tl.load(x_ptr + m * x_stride + cols, mask=col_ok, other=0.0).to(tl.float32)
+            mask = row_ok[:, None] & col_ok[None, :]
+            w = _weight_tile(w_ptr, w_stride, rows[:, None].to(tl.int64), cols[None, :], mask, KIND, QTYPE)
+            acc += tl.sum(w * xv[None, :], axis=1)
+        if HAS_ROW_SCALE:
+            acc = acc * tl.load(row_scale_ptr + rows, mask=row_ok, other=0.0)
+        if HAS_TOK_SCALE:
+            acc = acc * tl.load(tok_scale_ptr + m)
+        if HAS_BIAS:
+            if pid_k == 0:  # the first K span adds the bias
+                acc += tl.load(bias_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
+        dst = out_ptr + m * out_stride + rows
+        if ATOMIC:
+            tl.atomic_add(dst, acc, mask=row_ok)
+        else:
+            tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=row_ok)
+
+    @triton.jit
+    def _gemm_kernel(
+        x_ptr, w_ptr, out_ptr, bias_ptr, row_scale_ptr, tok_scale_ptr,
+        M, N, K, x_stride, w_stride, out_stride,
+        KIND: tl.constexpr, QTYPE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ROW_SCALE: tl.constexpr,
+        HAS_TOK_SCALE: tl.constexpr, X_FP8: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ):
+        pid_m = tl.program_id(0)
+        pid_n = tl.program_id(1)
+        toks = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+        rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        tok_ok = toks < M
+        row_ok = rows < N
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            cols = k0 + tl.arange(0, BLOCK_K)
+            col_ok = cols < K
+            x_mask = tok_ok[:, None] & col_ok[None, :]
+            if X_FP8:
+                xv = _e4m3_decode(tl.load(x_ptr + toks[:, None] * x_stride + cols[None, :], mask=x_mask, other=0).to(tl.int32))
+            else:
+                xv = tl.load(x_ptr + toks[:, None] * x_stride + cols[None, :], mask=x_mask, other=0.0).to(tl.float32)
+            # the weight tile transposed: [BLOCK_K, BLOCK_N]
+            w_mask = col_ok[:, None] & row_ok[None, :]
+            w = _weight_tile(w_ptr, w_stride, rows[None, :].to(tl.int64), cols[:, None], w_mask, KIND, QTYPE)
+            acc += tl.dot(xv, w, input_precision="ieee")
+        if HAS_ROW_SCALE:
+            acc = acc * tl.load(row_scale_ptr + rows, mask=row_ok, other=0.0)[None, :]
+        if HAS_TOK_SCALE:
+            acc = acc * tl.load(tok_scale_ptr + toks, mask=tok_ok, other=0.0)[:, None]
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)[None, :]
+        dst = out_ptr + toks[:, None] * out_stride + rows[None, :]
+        tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=tok_ok[:, None] & row_ok[None, :])
+
+    @triton.jit
+    def _quant_per_token_kernel(x_ptr, xq_ptr, scale_ptr, K, x_stride, xq_stride, BLOCK: tl.constexpr):
+        m = tl.program_id(0).to(tl.int64)
+        amax = tl.zeros([BLOCK], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK):
+            cols = k0 + tl.arange(0, BLOCK)
+            v = tl.load(x_ptr + m * x_stride + cols, mask=cols < K, other=0.0).to(tl.float32)
+            amax = tl.maximum(amax, tl.abs(v))
+        scale = tl.maximum(tl.max(amax, axis=0), 1e-12) / 448.0
+        tl.store(scale_ptr + m, scale)
+        for k0 in range(0, K, BLOCK):
+            cols = k0 + tl.arange(0, BLOCK)
+            v = tl.load(x_ptr + m * x_stride + cols, mask=cols < K, other=0.0).to(tl.float32)
+            q = _round_e4m3(tl.minimum(tl.maximum(v / scale, -448.0), 448.0))
+            tl.store(xq_ptr + m * xq_stride + cols, q.to(tl.float8e4nv), mask=cols < K)
+
+    @triton.jit
+    def _round_e4m3(v):
+        """float32 in [-448, 448] -> the nearest float8_e4m3fn value (ties to even), still as
+        float32, so the cast that follows is exact. Done by hand because Triton's interpreter
+        rounds wrongly across a binade (127.5 -> 64); on a GPU it equals ``cvt.rn``."""
+        bits = v.to(tl.int32, bitcast=True)
+        exp = ((bits >> 23) & 255) - 127
+        step = tl.exp2((tl.maximum(exp, -6) - 3).to(tl.float32))  # 3 mantissa bits; subnormals below 2**-6
+        r = tl.abs(v) / step  # exact: step is a power of two
+        f = tl.floor(r)
+        frac = r - f
+        odd = (f.to(tl.int32) & 1) == 1
+        f = tl.where((frac > 0.5) | ((frac == 0.5) & odd), f + 1.0, f)
+        return tl.where(bits < 0, -f * step, f * step)  # the sign bit: -0.0 stays -0.0
+
+
+def _require_triton() -> None:
+    if not HAS_TRITON:
+        raise RuntimeError("the quantized-linear GPU kernels need Triton (pip install triton)")
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_index: int | None) -> int:
+    if device_index is None or not torch.cuda.is_available():
+        return 4  # the interpreter: a small "GPU", so the split-K path is exercised on CPU too
+    return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
+
+
+def split_k_for(m: int, n_blocks: int, k_blocks: int, num_sms: int) -> int:
+    """How many K spans a GEMV launch splits into: enough programs for about two per SM, never
+    more spans than ``BLOCK_K`` steps of K (``k_blocks``)."""
+    programs = max(1, m * n_blocks)
+    return max(1, min(k_blocks, -(-2 * num_sms // programs)))
+
+
+def _as_2d(x: torch.Tensor, k: int, op: str) -> torch.Tensor:
+    if x.shape[-1] != k:
+        raise ValueError(f"{op}: x has {x.shape[-1]} features but the weight has {k} (x {tuple(x.shape)})")
+    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"{op}: x must be float32, float16 or bfloat16, got {x.dtype}")
+    x2 = x.reshape(-1, k)
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+
+
+def _launch(
+    x2: torch.Tensor, w: torch.Tensor, n: int, k: int, out_dtype: torch.dtype, bias: torch.Tensor | None,
+    *, kind: int, qtype: int = 0, row_scale: torch.Tensor | None = None, tok_scale: torch.Tensor | None = None,
+    x_fp8: bool = False, split_k: int | None = None,
+) -> torch.Tensor:
+    """Run the GEMV or GEMM kernel: ``[M, K] x [N, K]^T -> [M, N]`` in ``out_dtype``."""
+    _require_triton()
+    m = x2.shape[0]
+    if w.stride(-1) != 1:
+        w = w.contiguous()
+    if bias is not None:
+        bias = bias.contiguous()
+    dummy = w  # an unused pointer argument (the HAS_* flag is off)
+    flags = dict(
+        KIND=kind, QTYPE=qtype, HAS_BIAS=bias is not None, HAS_ROW_SCALE=row_scale is not None,
+        HAS_TOK_SCALE=tok_scale is not None, X_FP8=x_fp8,
+    )
+    ptrs = (bias if bias is not None else dummy, row_scale if row_scale is not None else dummy,
+            tok_scale if tok_scale is not None else dummy)
+    if m == 0:
+        return torch.empty(0, n, dtype=out_dtype, device=x2.device)
+    # the interpreter truncates float32 -> bfloat16 stores (a GPU rounds to nearest even): there
+    # the kernels write float32 and torch rounds
+    final_dtype, out_dtype = out_dtype, (torch.float32 if _interpreting() else out_dtype)
+    if m <= GEMV_MAX_M:
+        block_n, block_k = 16, 128
+        n_blocks = triton.cdiv(n, block_n)
+        k_steps = triton.cdiv(k, block_k)
+        if split_k is None:
+            split_k = split_k_for(m, n_blocks, k_steps, _num_sms(x2.device.index if x2.is_cuda else None))
+        split_k = max(1, min(int(split_k), k_steps))
+        k_per_split = triton.cdiv(k_steps, split_k) * block_k
+        split_k = triton.cdiv(k, k_per_split)
+        atomic = split_k > 1
+        if atomic:
+            out = torch.zeros(m, n, dtype=torch.float32, device=x2.device)
+        else:
+            out = torch.empty(m, n, dtype=out_dtype, device=x2.device)
+        _gemv_kernel[(n_blocks, m, split_k)](
+            x2, w, out, *ptrs, n, k, x2.stride(0), w.stride(0), out.stride(0), k_per_split,
+            **flags, ATOMIC=atomic, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4,
+        )
+        return out.to(final_dtype)
+    block_m = 16 if m <= 16 else 32 if m <= 32 else 64
+    block_n, block_k = 64, 32
+    out = torch.empty(m, n, dtype=out_dtype, device=x2.device)
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+    _gemm_kernel[grid](
+        x2, w, out, *ptrs, m, n, k, x2.stride(0), w.stride(0), out.stride(0),
+        **flags, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4,
+    )
+    return out.to(final_dtype)
+
+
+def _check_bias(bias: torch.Tensor | None, n: int, op: str) -> None:
+    if bias is not None and bias.shape != (n,):
+        raise ValueError(f"{op}: bias must be [{n}] (one per output row), got {tuple(bias.shape)}")
+
+
+def gguf_linear_triton(
+    x: torch.Tensor, qweight: torch.Tensor, qtype: int, bias: torch.Tensor | None, *, split_k: int | None = None
+) -> torch.Tensor:
+    """``x @ dequantize(qweight)^T + bias`` in x's dtype; ``qweight`` is ``uint8 [N, row_bytes]``
+    of GGUF blocks of type ``qtype`` (``int(gguf.GGMLQuantizationType.X)``). ``split_k`` forces
+    the GEMV launch's K split (tests); by default it is chosen to fill the GPU."""
+    qtype = int(qtype)
+    if qtype not in GGUF_BLOCKS:
+        raise ValueError(
+            f"gguf_linear: GGUF quantization type {qtype} has no Triton kernel; supported: "
+            + ", ".join(f"{name} ({t})" for t, name in GGUF_NAMES.items())
+        )
+    if qweight.dtype != torch.uint8 or qweight.dim() != 2:
+        raise ValueError(f"gguf_linear: qweight must be uint8 [N, row_bytes], got {qweight.dtype} {tuple(qweight.shape)}")
+    size, nbytes = GGUF_BLOCKS[qtype]
+    n, rb = qweight.shape
+    if rb % nbytes:
+        raise ValueError(f"gguf_linear: a {GGUF_NAMES[qtype]} row is whole blocks of {nbytes} bytes; {rb} bytes is not")
+    k = rb // nbytes * size
+    _check_bias(bias, n, "gguf_linear")
+    x2 = _as_2d(x, k, "gguf_linear")
+    out = _launch(x2, qweight, n, k, x.dtype, bias, kind=0, qtype=qtype, split_k=split_k)
+    return out.reshape(*x.shape[:-1], n)
+
+
+def int8_linear_triton(
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None, *, split_k: int | None = None
+) -> torch.Tensor:
+    """``x @ (qweight * scales[:, None])^T + bias`` in x's dtype (``qweight`` int8 [N, K],
+    ``scales`` float32 [N])."""
+    if qweight.dtype != torch.int8 or qweight.dim() != 2:
+        raise ValueError(f"int8_linear: qweight must be int8 [N, K], got {qweight.dtype} {tuple(qweight.shape)}")
+    n, k = qweight.shape
+    if scales.shape != (n,):
+        raise ValueError(f"int8_linear: scales must be [{n}] (one per output row), got {tuple(scales.shape)}")
+    _check_bias(bias, n, "int8_linear")
+    x2 = _as_2d(x, k, "int8_linear")
+    out = _launch(x2, qweight, n, k, x.dtype, bias, kind=1, row_scale=scales.float().contiguous(), split_k=split_k)
+    return out.reshape(*x.shape[:-1], n)
+
+
+def quantize_per_token_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch reference of :func:`quantize_per_token`: ``(xq float8_e4m3fn [M, K], sx float32
+    [M, 1])`` with ``sx = max(amax|x row|, 1e-12) / 448`` and ``xq = x / sx`` rounded to nearest."""
+    xf = x.float()
+    sx = xf.abs().amax(dim=-1, keepdim=True).clamp(min=FP8_MIN_AMAX) / FP8_MAX
+    xq = (xf / sx).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return xq, sx
+
+
+def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic per-token fp8 activation quantization in one Triton launch (one program per row):
+    ``(xq float8_e4m3fn [M, K], sx float32 [M, 1])``, ``x ≈ xq * sx`` (see the reference)."""
+    _require_triton()
+    m, k = x.shape
+    xq = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x.device)
+    sx = torch.empty(m, 1, dtype=torch.float32, device=x.device)
+    if m:
+        block = min(1024, triton.next_power_of_2(max(k, 16)))
+        _quant_per_token_kernel[(m,)](x, xq, sx, k, x.stride(0), xq.stride(0), BLOCK=block, num_warps=4)
+    return xq, sx
+
+
+def _check_fp8(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    if qweight.dtype != torch.float8_e4m3fn or qweight.dim() != 2:
+        raise ValueError(f"fp8_linear: qweight must be float8_e4m3fn [N, K], got {qweight.dtype} {tuple(qweight.shape)}")
+    n, k = qweight.shape
+    if scales.numel() != n:
+        raise ValueError(f"fp8_linear: scales must be [{n}] (one per output row), got {tuple(scales.shape)}")
+    _check_bias(bias, n, "fp8_linear")
+    return _as_2d(x, k, "fp8_linear")
+
+
+def fp8_linear_triton(
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None, *, split_k: int | None = None
+) -> torch.Tensor:
+    """The fp8 product without fp8 tensor cores: per-token quantization in torch ops (casts to
+    e4m3 work on any GPU), then a Triton kernel that decodes both e4m3 operands from their
+    bytes, multiplies in float32 and applies ``sx[m] * scales[n]``."""
+    x2 = _check_fp8(x, qweight, scales, bias)
+    n, k = qweight.shape
+    xq, sx = quantize_per_token_reference(x2)
+    out = _launch(
+        xq.view(torch.uint8), qweight.view(torch.uint8), n, k, x.dtype, bias, kind=2,
+        row_scale=scales.reshape(n).float().contiguous(), tok_scale=sx.reshape(-1).contiguous(), x_fp8=True,
+        split_k=split_k,
+    )
+    return out.reshape(*x.shape[:-1], n)
+
+
+def fp8_tensor_cores(device: torch.device) -> bool:
+    """Whether ``torch._scaled_mm`` can multiply e4m3 on ``device``: a CUDA GPU of compute
+    capability >= 8.9 (not under the interpreter)."""
+    if device.type != "cuda" or _interpreting() or getattr(torch.version, "hip", None):
+        return False
+    return tuple(torch.cuda.get_device_capability(device)) >= (8, 9)
+
+
+def fp8_linear_scaled_mm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The fp8 product on fp8 tensor cores: :func:`quantize_per_token` (Triton) then
+    ``torch._scaled_mm`` with row-wise scales (``sx`` [M, 1], ``scales`` [1, N]). Row-wise
+    scaling produces bfloat16; a float16 / float32 ``x`` gets that result converted."""
+    x2 = _check_fp8(x, qweight, scales, bias)
+    n = qweight.shape[0]
+    xq, sx = quantize_per_token(x2)
+    out = torch._scaled_mm(
+        xq, qweight.t(), scale_a=sx, scale_b=scales.reshape(1, n).float().contiguous(),
+        bias=bias.to(torch.bfloat16) if bias is not None and x.dtype == torch.bfloat16 else None,
+        out_dtype=torch.bfloat16,
+    )
+    if x.dtype != torch.bfloat16:
+        out = out.to(x.dtype)
+        if bias is not None:
+            out = out + bias.to(x.dtype)
+    return out.reshape(*x.shape[:-1], n)
+
+
+def fp8_linear_any(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``fp8_linear``: ``torch._scaled_mm`` where the GPU has fp8 tensor cores and the shape
+    suits it (K and N multiples of 16), else :func:`fp8_linear_triton`."""
+    n, k = qweight.shape
+    if fp8_tensor_cores(x.device) and k % 16 == 0 and n % 16 == 0:
+        return fp8_linear_scaled_mm(x, qweight, scales, bias)
+    return fp8_linear_triton(x, qweight, scales, bias)
+
+
+# -- torch.library custom ops: what the kernel table holds ------------------------------------
+
+
+@torch.library.custom_op("host::triton_gguf_linear", mutates_args=())
+def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int, bias: torch.Tensor | None) -> torch.Tensor:
+    return gguf_linear_triton(x, qweight, qtype, bias)
+
+
+@gguf_linear.register_fake
+def _(x: torch.Tensor, qweight: torch.Tensor, qtype: int, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], qweight.shape[0])
+
+
+@torch.library.custom_op("host::triton_int8_linear", mutates_args=())
+def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return int8_linear_triton(x, qweight, scales, bias)
+
+
+@int8_linear.register_fake
+def _(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], qweight.shape[0])
+
+
+@torch.library.custom_op("host::triton_fp8_linear", mutates_args=())
+def fp8_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return fp8_linear_any(x, qweight, scales, bias)
+
+
+@fp8_linear.register_fake
+def _(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], qweight.shape[0])
+
+
+KERNEL_NAME = "triton"
+KERNEL_PRIORITY = 10
+
+
+def register_quant_kernels(device_type: str = "cuda", *, fp8: bool = True) -> list[str]:
+    """Put these kernels in the kernel table for ``device_type`` (priority 10, name ``triton``):
+    ``gguf_linear`` and ``int8_linear``, and ``fp8_linear`` when ``fp8`` (GPUs whose fp8 is
+    OCP e4m3fn; not ROCm's gfx942, which computes e4m3fnuz). Returns the ops registered."""
+    from host.sdk.kernels import register_kernel
+
+    ops = {"gguf_linear": gguf_linear, "int8_linear": int8_linear}
+    if fp8:
+        ops["fp8_linear"] = fp8_linear
+    for op, impl in ops.items():
+        register_kernel(op, device_type, impl, name=KERNEL_NAME, priority=KERNEL_PRIORITY)
+    return list(ops)
