@@ -37,11 +37,22 @@ def _next_pow2(n: int) -> int:
 if HAS_TRITON:
 
     @triton.jit
+    def _round_e4m3(x):
+        """``x`` (float32, |x| <= 448) rounded to the nearest e4m3 value, ties to even, still in
+        float32: the step is 2^(exponent - 3), 2^-9 among subnormals; the rounding is the
+        float32 add-and-subtract of 1.5 * 2^23. The cast to float8 that follows is then exact
+        on any converter (the interpreter's own rounding loses carries and ties)."""
+        exponent = ((x.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+        step = ((tl.maximum(exponent, -6) - 3 + 127) << 23).to(tl.float32, bitcast=True)
+        rounded = ((x / step + 12582912.0) - 12582912.0) * step
+        return tl.where(rounded == 0.0, x * 0.0, rounded)  # keep the sign of a zero, as torch's cast does
+
+    @triton.jit
     def _reshape_and_cache_kernel(
         key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
         key_stride, value_stride, cache_block_stride, cache_slot_stride,
-        block_size, row_size,
-        BLOCK: tl.constexpr,
+        block_size, row_size, k_scale, v_scale,
+        BLOCK: tl.constexpr, FP8: tl.constexpr,
     ):
         t = tl.program_id(0)
         chunk = tl.program_id(1)
@@ -52,13 +63,16 @@ if HAS_TRITON:
             dst = (slot // block_size) * cache_block_stride + (slot % block_size) * cache_slot_stride + offs
             k = tl.load(key_ptr + t * key_stride + offs, mask=mask)
             v = tl.load(value_ptr + t * value_stride + offs, mask=mask)
+            if FP8:  # value = stored * scale, saturated to e4m3's finite range (no NaN)
+                k = _round_e4m3(tl.minimum(tl.maximum(k.to(tl.float32) / k_scale, -448.0), 448.0))
+                v = _round_e4m3(tl.minimum(tl.maximum(v.to(tl.float32) / v_scale, -448.0), 448.0))
             tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
             tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
     def _paged_attention_kernel(
         q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_table_ptr, query_start_ptr, seq_lens_ptr,
-        scale, window,
+        scale, v_scale, window,
         q_stride_t, q_stride_h, o_stride_t, o_stride_h,
         c_stride_b, c_stride_s, c_stride_h,
         bt_stride,
@@ -101,9 +115,10 @@ if HAS_TRITON:
                 kv_off = phys * c_stride_b + (offs_n % block_size) * c_stride_s + kvh * c_stride_h
                 k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=mask_n[:, None] & mask_d[None, :], other=0.0)
                 v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=mask_n[:, None] & mask_d[None, :], other=0.0)
-                if UPCAST:
-                    k = k.to(tl.float32)
-                    v = v.to(tl.float32)
+                # pages in the compute dtype (fp8 pages widen here; their scales are in ``scale``
+                # for K and ``v_scale`` on the output)
+                k = k.to(q.dtype)
+                v = v.to(q.dtype)
                 s = tl.dot(q, tl.trans(k), input_precision="ieee").to(tl.float32) * scale
                 allowed = mask_n[None, :] & (offs_n[None, :] <= q_pos[:, None])
                 if window > 0:
@@ -115,7 +130,7 @@ if HAS_TRITON:
                 l_i = l_i * alpha + tl.sum(p, 1)
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee").to(tl.float32)
                 m_i = m_new
-            out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+            out = acc * v_scale / tl.where(l_i > 0, l_i, 1.0)[:, None]
             tl.store(
                 out_ptr + (q_start + offs_m)[:, None] * o_stride_t + h * o_stride_h + offs_d[None, :],
                 out.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :],
@@ -125,7 +140,7 @@ if HAS_TRITON:
     def _decode_split_kernel(
         q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, seq_lens_ptr,
         part_m_ptr, part_l_ptr, part_acc_ptr,
-        scale, window, span,
+        scale, v_scale, window, span,
         q_stride_t, q_stride_h,
         c_stride_b, c_stride_s, c_stride_h,
         bt_stride, block_size, num_splits,
@@ -164,9 +179,8 @@ if HAS_TRITON:
             kv_off = phys * c_stride_b + (offs_n % block_size) * c_stride_s + kvh * c_stride_h
             k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=mask_n[:, None] & mask_d[None, :], other=0.0)
             v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=mask_n[:, None] & mask_d[None, :], other=0.0)
-            if UPCAST:
-                k = k.to(tl.float32)
-                v = v.to(tl.float32)
+            k = k.to(q.dtype)  # fp8 pages widen here (scales: ``scale`` for K, ``v_scale`` on acc)
+            v = v.to(q.dtype)
             s = tl.dot(q, tl.trans(k), input_precision="ieee").to(tl.float32) * scale
             s = tl.where(mask_n[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -178,7 +192,7 @@ if HAS_TRITON:
         idx = (r * NUM_HEADS + heads) * num_splits + sp
         tl.store(part_m_ptr + idx, m_i, mask=mask_g)
         tl.store(part_l_ptr + idx, l_i, mask=mask_g)
-        tl.store(part_acc_ptr + idx[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=mask_g[:, None] & mask_d[None, :])
+        tl.store(part_acc_ptr + idx[:, None] * HEAD_DIM + offs_d[None, :], acc * v_scale, mask=mask_g[:, None] & mask_d[None, :])
 
     @triton.jit
     def _decode_merge_kernel(
@@ -266,6 +280,11 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def is_fp8(cache: torch.Tensor) -> bool:
+    """Whether a KV cache holds float8_e4m3fn pages (``--kv-cache-dtype fp8``)."""
+    return cache.dtype == torch.float8_e4m3fn
+
+
 def _upcast(t: torch.Tensor) -> bool:
     """Compute the attention matmuls in float32: always for float32 models, and under the
     interpreter (numpy has no bfloat16 arithmetic). On a GPU, 16-bit inputs go to the tensor
@@ -273,9 +292,14 @@ def _upcast(t: torch.Tensor) -> bool:
     return t.dtype == torch.float32 or _interpreting() or not t.is_cuda
 
 
-def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+def reshape_and_cache(
+    key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+    k_scale: float = 1.0, v_scale: float = 1.0,
+) -> None:
     """``key``/``value`` [T, KVH, D] into caches [num_blocks, block_size, KVH, D] at
-    ``slot_mapping`` [T] (``block * block_size + offset``; negative: skipped)."""
+    ``slot_mapping`` [T] (``block * block_size + offset``; negative: skipped). float8_e4m3fn
+    caches store ``clamp(k / k_scale, +-448)`` rounded to nearest (``v`` with ``v_scale``); the
+    scales are ignored for caches in the model dtype."""
     _require_triton()
     T = key.shape[0]
     if T == 0:
@@ -287,7 +311,7 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Ten
     _reshape_and_cache_kernel[(T, triton.cdiv(row, block))](
         key2, value2, k_cache, v_cache, slot_mapping,
         key2.stride(0), value2.stride(0), k_cache.stride(0), k_cache.stride(1),
-        k_cache.shape[1], row, BLOCK=block,
+        k_cache.shape[1], row, float(k_scale), float(v_scale), BLOCK=block, FP8=is_fp8(k_cache),
     )
 
 
@@ -302,10 +326,13 @@ def paged_attention(
     scale: float,
     sliding_window: int | None = None,
     out: torch.Tensor | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Causal attention for a varlen batch: ``query`` [T, H, D] (request ``r`` owns rows
     ``query_start_loc[r]:query_start_loc[r+1]``, the last tokens of its ``seq_lens[r]``) over
-    caches [num_blocks, block_size, KVH, D] addressed by ``block_table`` [R, max_blocks]."""
+    caches [num_blocks, block_size, KVH, D] addressed by ``block_table`` [R, max_blocks].
+    float8_e4m3fn caches are read as ``page * k_scale`` / ``page * v_scale``."""
     _require_triton()
     T, H, D = query.shape
     KVH = k_cache.shape[2]
@@ -317,9 +344,10 @@ def paged_attention(
     block_n = 16 if k_cache.shape[1] % 16 else min(64, k_cache.shape[1])
     block_d = max(16, _next_pow2(D))
     grid = (R, H, triton.cdiv(max(int(max_query_len), 1), block_m))
+    k_scale, v_scale = (float(k_scale), float(v_scale)) if is_fp8(k_cache) else (1.0, 1.0)
     _paged_attention_kernel[grid](
         query, k_cache, v_cache, out, block_table, query_start_loc, seq_lens,
-        float(scale), int(sliding_window or 0),
+        float(scale) * k_scale, v_scale, int(sliding_window or 0),
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_table.stride(0), k_cache.shape[1],
@@ -343,6 +371,8 @@ def paged_decode_split(
     span: int = 256,
     max_seq_len: int | None = None,
     out: torch.Tensor | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """One query token per request (``query`` [R, H, D]) over its whole context, split into
     spans of at least ``span`` positions computed in parallel and merged (flash-decoding).
@@ -351,7 +381,8 @@ def paged_decode_split(
     group as the rows of its matmuls, so K/V are read once per group (GQA), not once per query
     head. The number of spans depends only on ``R``, the head counts and ``max_seq_len``, never
     on the values in ``seq_lens``, so a launch captured in a graph with ``max_seq_len`` set to
-    the model's limit is valid for any later batch of that size."""
+    the model's limit is valid for any later batch of that size. float8_e4m3fn caches are read
+    as ``page * k_scale`` / ``page * v_scale``."""
     _require_triton()
     R, H, D = query.shape
     out = torch.empty_like(query) if out is None else out
@@ -371,9 +402,10 @@ def paged_decode_split(
     part_l = torch.empty_like(part_m)
     part_acc = torch.empty(R * H * splits * D, dtype=torch.float32, device=query.device)
     block_d = max(16, _next_pow2(D))
+    k_scale, v_scale = (float(k_scale), float(v_scale)) if is_fp8(k_cache) else (1.0, 1.0)
     _decode_split_kernel[(R, KVH, splits)](
         query, k_cache, v_cache, block_table, seq_lens, part_m, part_l, part_acc,
-        float(scale), int(sliding_window or 0), span,
+        float(scale) * k_scale, v_scale, int(sliding_window or 0), span,
         query.stride(0), query.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_table.stride(0), k_cache.shape[1], splits,
@@ -434,15 +466,23 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 # -- torch references --------------------------------------------------------------------------
 
 
-def reshape_and_cache_ref(key, value, k_cache, v_cache, slot_mapping) -> None:
+def reshape_and_cache_ref(key, value, k_cache, v_cache, slot_mapping, k_scale=1.0, v_scale=1.0) -> None:
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
     bs = k_cache.shape[1]
+    if is_fp8(k_cache):  # bytes: CPU torch indexes no float8 tensors
+        for cache, x, s in ((k_cache, key, k_scale), (v_cache, value, v_scale)):
+            q = (x[keep].float() / s).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+            cache.view(torch.uint8)[slots // bs, slots % bs] = q.view(torch.uint8)
+        return
     k_cache[slots // bs, slots % bs] = key[keep].to(k_cache.dtype)
     v_cache[slots // bs, slots % bs] = value[keep].to(v_cache.dtype)
 
 
-def paged_attention_ref(query, k_cache, v_cache, block_table, query_start_loc, seq_lens, scale, sliding_window=None) -> torch.Tensor:
+def paged_attention_ref(query, k_cache, v_cache, block_table, query_start_loc, seq_lens, scale, sliding_window=None,
+                        k_scale=1.0, v_scale=1.0) -> torch.Tensor:
+    if is_fp8(k_cache):  # the pages as the values they stand for
+        k_cache, v_cache = k_cache.float() * k_scale, v_cache.float() * v_scale
     out = torch.empty_like(query)
     H, KVH = query.shape[1], k_cache.shape[2]
     bs = k_cache.shape[1]

@@ -40,8 +40,8 @@ def test_backend_capabilities(monkeypatch):
     assert TorchPagedAttentionBackend.supports_combination(req) is None
     cpu = AttentionRequirements("cpu", "float32", 64, 16)
     assert "device type" in TritonPagedAttentionBackend.supports_combination(cpu)
-    fp8 = AttentionRequirements("cuda", "bfloat16", 64, 16, kv_cache_dtype="fp8")
-    assert "kv cache dtype" in TritonPagedAttentionBackend.supports_combination(fp8)
+    e5m2 = AttentionRequirements("cuda", "bfloat16", 64, 16, kv_cache_dtype="fp8_e5m2")
+    assert "kv cache dtype" in TritonPagedAttentionBackend.supports_combination(e5m2)  # fp8 (e4m3): tests/plugins/triton_ops/test_fp8_kv.py
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # the interpreter runs it on CPU tensors
     assert TritonPagedAttentionBackend.supports_combination(cpu) is None
     assert CudaPlatform.attention_backend_priority == ["triton_paged", "torch_paged"]
