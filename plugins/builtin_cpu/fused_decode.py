@@ -5,8 +5,10 @@ layer — as in streaming the weights. :class:`FusedDecode` hands the whole deco
 compiled ``llama_decode`` kernel instead (the CPU counterpart of replaying a captured CUDA
 graph): the same kernels the layer-by-layer path uses, in the same order, so the results are
 the same. It takes a step only when every request has exactly one new token, the batch is at
-most ``max_rows`` tokens, the model is float32 with the plain weight copies of the small-batch
-linear kernel, and the attention metadata is the torch paged algorithm's (``cpu_paged`` or
+most ``max_rows`` tokens, the model is float32, every linear layer either has the plain weight
+copy of the small-batch linear kernel or is a quantized layer the compiled kernels read (GGUF
+blocks: ``scheme == "gguf"`` with ``qweights``/``qtypes`` per shard; int8 rows: ``scheme ==
+"int8"`` with ``qweight``/``scales``), and the attention metadata is the torch paged algorithm's (``cpu_paged`` or
 ``torch_paged``); any other step (prefill, mixed batches, bigger batches) runs layer by layer.
 """
 
@@ -26,13 +28,50 @@ logger = logging.getLogger("host.cpu")
 _EMPTY = torch.empty(0)
 
 
+# the linear kinds of llama_decode's linear_meta
+_FLOAT32, _INT8, _GGUF = 0, 1, 2
+# the GGUF block types the compiled kernel reads (int(gguf.GGMLQuantizationType))
+GGUF_QTYPES = {2: "Q4_0", 3: "Q4_1", 8: "Q8_0", 12: "Q4_K", 14: "Q6_K"}
+
+
 def _weight(linear: nn.Module) -> torch.Tensor | None:
     return getattr(linear, "plain_weight", None)
 
 
 def _bias(linear: nn.Module) -> torch.Tensor:
     bias = getattr(linear, "bias", None)
-    return _EMPTY if bias is None else bias
+    return _EMPTY if bias is None else bias.detach()
+
+
+def _quant_reason(linear: nn.Module) -> str | None:
+    """Why the compiled decode step cannot run this quantized layer (``None``: it can)."""
+    scheme = linear.scheme
+    bias = getattr(linear, "bias", None)
+    if bias is not None and bias.dtype != torch.float32:
+        return f"a {scheme} layer has a {bias.dtype} bias"
+    if scheme == "int8":
+        if linear.qweight.dtype != torch.int8 or linear.in_features % 32:
+            return "an int8 layer whose input size is not a multiple of 32"
+        return None
+    if scheme == "gguf":
+        for qw, qt in zip(linear.qweights, linear.qtypes):
+            if int(qt) not in GGUF_QTYPES:
+                return f"GGUF type {int(qt)} has no CPU kernel (supported: {', '.join(GGUF_QTYPES.values())})"
+            if qw.dtype != torch.uint8 or qw.dim() != 2:
+                return "GGUF blocks not held as a uint8 [rows, bytes] tensor"
+        return None
+    return f"{scheme} weights have no fused CPU kernel"
+
+
+def _linear_spec(linear: nn.Module) -> tuple[torch.Tensor, list[torch.Tensor], list[int]]:
+    """(weight slot, quantized tensors, linear_meta entries) of one linear for ``llama_decode``."""
+    scheme = getattr(linear, "scheme", None)
+    if scheme == "int8":
+        return _EMPTY, [linear.qweight.contiguous(), linear.scales.float().contiguous()], [_INT8, 0]
+    if scheme == "gguf":
+        shards = [qw.contiguous() for qw in linear.qweights]
+        return _EMPTY, shards, [_GGUF, len(shards), *(int(qt) for qt in linear.qtypes)]
+    return _weight(linear), [], [_FLOAT32, 0]
 
 
 class FusedDecode:
@@ -51,20 +90,28 @@ class FusedDecode:
         self.cos_sin = decoder.rotary_emb.cos_sin_cache
         self.windows = [int(layer.self_attn.attn.sliding_window or 0) for layer in layers]
         self.weights: list[torch.Tensor] = []
+        self.quant_tensors: list[torch.Tensor] = []
+        self.linear_meta: list[int] = []
         for layer in layers:
             attn, mlp = layer.self_attn, layer.mlp
+            slots = {}
+            for key, linear in (("qkv", attn.qkv_proj), ("o", attn.o_proj), ("gate_up", mlp.gate_up_proj), ("down", mlp.down_proj)):
+                slot, tensors, meta = _linear_spec(linear)
+                slots[key] = slot
+                self.quant_tensors += tensors
+                self.linear_meta += meta
             self.weights += [
                 layer.input_layernorm.weight,
-                _weight(attn.qkv_proj),
+                slots["qkv"],
                 _bias(attn.qkv_proj),
                 _EMPTY if attn.q_norm is None else attn.q_norm.weight,
                 _EMPTY if attn.k_norm is None else attn.k_norm.weight,
-                _weight(attn.o_proj),
+                slots["o"],
                 _bias(attn.o_proj),
                 layer.post_attention_layernorm.weight,
-                _weight(mlp.gate_up_proj),
+                slots["gate_up"],
                 _bias(mlp.gate_up_proj),
-                _weight(mlp.down_proj),
+                slots["down"],
                 _bias(mlp.down_proj),
             ]
 
@@ -82,7 +129,11 @@ class FusedDecode:
         for layer in decoder.layers:
             attn, mlp = layer.self_attn, layer.mlp
             for linear in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
-                if _weight(linear) is None:
+                if getattr(linear, "scheme", None) is not None:
+                    reason = _quant_reason(linear)
+                    if reason is not None:
+                        return reason
+                elif _weight(linear) is None:
                     return "the small-batch linear kernel is off"
             if attn.attn.impl is None:
                 return "no attention backend"
@@ -110,6 +161,8 @@ class FusedDecode:
         return self.kernels.llama_decode(
             hidden.contiguous(),
             self.weights,
+            self.quant_tensors,
+            self.linear_meta,
             ctx.kv_caches,
             self.windows,
             positions.to(torch.int64).contiguous(),

@@ -10,6 +10,10 @@ All float32, OpenMP-parallel through ``at::parallel_for``:
   ``x`` has one row; this kernel reads the weight once, as one contiguous stream in the
   blocked layout of :func:`block_weight`, with AVX2 FMAs, near the machine's read bandwidth
   (about 20 GB/s against oneDNN's 13 GB/s over SmolLM2-135M's weights).
+- ``gguf_linear`` / ``int8_linear``: ``x @ dequantize(W)^T (+ b)`` straight from GGUF blocks
+  (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) or int8 rows with per-row scales, the weights dequantized in
+  registers and the activations in float32 (``csrc/quant_linear.cpp``): up to 8 rows of ``x``
+  stream each weight row once; more rows multiply panels of dequantized rows with ``at::mm``.
 - ``rms_norm`` and ``fused_add_rms_norm_`` (residual add and norm in one pass, in place),
   ``rotary_neox_`` (in-place rotate-half RoPE from the cos/sin table), ``silu_and_mul``: each
   replaces three to eight small torch ops whose dispatch cost dominates at decode sizes.
@@ -19,6 +23,14 @@ needs a C++ compiler and ``ninja``; torch keeps the build (``~/.cache/torch_exte
 rebuilds only when the sources or the flags change. If the build fails, :func:`cpu_kernels`
 returns ``None`` (with one warning naming the error) and every caller keeps its pure-torch
 path. Set ``HOST_CPU_KERNELS=0`` to use the torch paths unconditionally.
+
+The instruction set is detected by trying, not by the CPU flags: :func:`isa_flags` compiles and
+runs a tiny AVX-512 program, then an AVX2 + FMA + F16C one, in a subprocess (``/proc/cpuinfo``
+of a virtual machine can list features that trap), and the build gets explicit ``-m`` flags for
+the first that runs instead of ``-march=native`` (``-mtune=native`` only tunes). The kernels use
+AVX2 intrinsics when built with AVX2 (also under the AVX-512 flags, where the compiler may widen
+the plain loops) and scalar loops otherwise. The choice is logged once (``host.cpu``);
+``HOST_CPU_ISA`` forces it.
 """
 
 from __future__ import annotations
@@ -36,7 +48,9 @@ logger = logging.getLogger("host.cpu")
 
 # The C++ sources (package data under csrc/), compiled as one translation unit in this order:
 # each part uses what the parts before it define.
-SOURCES = ("vector_math.cpp", "paged_decode.cpp", "linear_small_m.cpp", "elementwise.cpp", "llama_decode.cpp")
+SOURCES = (
+    "vector_math.cpp", "paged_decode.cpp", "linear_small_m.cpp", "quant_linear.cpp", "elementwise.cpp", "llama_decode.cpp",
+)
 
 
 def kernel_sources() -> list[str]:
@@ -63,7 +77,75 @@ def _ensure_ninja_on_path() -> None:
             return
 
 
-_FUNCTIONS = ["paged_decode", "linear_small_m", "rms_norm", "fused_add_rms_norm_", "rotary_neox_", "silu_and_mul", "llama_decode"]
+# Instruction sets are chosen by running a probe, not by reading /proc/cpuinfo: a virtual
+# machine may list features (AVX-512, AMX) whose instructions trap. Each candidate is a tiny
+# program compiled with the candidate's flags and run in a subprocess; the first that exits
+# cleanly sets the flags of the kernel build.
+_ISA_CANDIDATES: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    (
+        "avx512",
+        ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"),
+        """#include <immintrin.h>
+int main() { volatile float s = 1.5f; __m512 a = _mm512_set1_ps(s); a = _mm512_fmadd_ps(a, a, a);
+  __m512i b = _mm512_dpbusd_epi32(_mm512_castps_si512(a), _mm512_set1_epi8(1), _mm512_set1_epi8(2));
+  __m256 c = _mm256_fmadd_ps(_mm256_set1_ps(s), _mm256_set1_ps(s), _mm256_set1_ps(_cvtsh_ss(0x3c00)));
+  return (_mm512_reduce_add_ps(a) > 0.f && _mm512_reduce_add_epi32(b) != 0 && _mm256_cvtss_f32(c) > 0.f) ? 0 : 1; }
+""",
+    ),
+    (
+        "avx2",
+        ("-mavx2", "-mfma", "-mf16c"),
+        """#include <immintrin.h>
+int main() { volatile float s = 1.5f; __m256 a = _mm256_fmadd_ps(_mm256_set1_ps(s), _mm256_set1_ps(s), _mm256_set1_ps(_cvtsh_ss(0x3c00)));
+  __m256i b = _mm256_add_epi32(_mm256_cvtepi8_epi32(_mm_set1_epi8(3)), _mm256_set1_epi32(1));
+  return (_mm256_cvtss_f32(a) > 0.f && _mm256_extract_epi32(b, 7) == 4) ? 0 : 1; }
+""",
+    ),
+)
+_ISA: list[tuple[str, ...]] = []
+
+
+def _probe_runs(flags: tuple[str, ...], source: str) -> bool:
+    import subprocess
+    import tempfile
+
+    compiler = os.environ.get("CXX", "c++")
+    with tempfile.TemporaryDirectory(prefix="host_isa_") as tmp:
+        src, exe = os.path.join(tmp, "probe.cpp"), os.path.join(tmp, "probe")
+        with open(src, "w", encoding="utf-8") as f:
+            f.write(source)
+        try:
+            subprocess.run([compiler, "-O1", *flags, src, "-o", exe], check=True, capture_output=True, timeout=60)
+            return subprocess.run([exe], capture_output=True, timeout=30).returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            return False
+
+
+def isa_flags() -> tuple[str, ...]:
+    """The ``-m`` flags of the kernel build: the widest of AVX-512 (F, BW, VL, VNNI), AVX2 (+ FMA,
+    F16C) whose probe program really runs here, else none (the kernels' scalar loops). The result
+    is cached per process; ``HOST_CPU_ISA=avx2|avx512|scalar`` skips the probe."""
+    if _ISA:
+        return _ISA[0]
+    forced = os.environ.get("HOST_CPU_ISA", "").strip().lower()
+    chosen: tuple[str, ...] = ()
+    names = [name for name, _, _ in _ISA_CANDIDATES]
+    if forced and forced != "scalar" and forced not in names:
+        raise ValueError(f"HOST_CPU_ISA={forced!r} is not one of {', '.join(names)}, scalar")
+    if forced != "scalar":
+        for name, flags, source in _ISA_CANDIDATES:
+            if (forced and name == forced) or (not forced and _probe_runs(flags, source)):
+                chosen = flags
+                break
+    logger.info("CPU kernel instruction set: %s", " ".join(chosen) or "scalar (no AVX2 probe ran here)")
+    _ISA.append(chosen)
+    return chosen
+
+
+_FUNCTIONS = [
+    "paged_decode", "linear_small_m", "gguf_linear", "int8_linear", "kernels_isa",
+    "rms_norm", "fused_add_rms_norm_", "rotary_neox_", "silu_and_mul", "llama_decode",
+]
 _MODULE: list[Any] = []  # [module or None] once attempted in this process
 
 
@@ -78,17 +160,20 @@ def cpu_kernels() -> Any | None:
             from torch.utils.cpp_extension import load_inline
 
             _ensure_ninja_on_path()
+            isa = isa_flags()
             module = load_inline(
-                name="host_cpu_kernels_v7",
+                name="host_cpu_kernels_v8",
                 cpp_sources=kernel_sources(),
                 functions=_FUNCTIONS,
                 # -fopenmp: at::parallel_for is an OpenMP region compiled into this module
-                extra_cflags=["-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fopenmp"],
+                extra_cflags=["-O3", *isa, "-mtune=native", "-ffast-math", "-fno-finite-math-only", "-fopenmp"],
                 extra_ldflags=["-fopenmp"],
                 verbose=False,
             )
         except Exception as exc:  # noqa: BLE001 - fall back to the torch paths, loudly
             logger.warning("CPU kernels could not be built (%s: %s); using the torch paths", type(exc).__name__, exc)
+    if module is not None:
+        logger.info("CPU kernels built for %s", module.kernels_isa())
     _MODULE.append(module)
     return module
 

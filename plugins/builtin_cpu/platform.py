@@ -69,6 +69,9 @@ class CpuPlatform(Platform):
             small_m_budget_bytes=int(self.small_m_memory_fraction * self.get_device_total_memory()),
         )
         if kernels is not None:
+            from host.plugins.builtin_cpu.quant_kernels import register_cpu_quant_kernels
+
+            register_cpu_quant_kernels(kernels)  # gguf_linear / int8_linear for "cpu" in the kernel table
             attach_fused_ops(model, kernels)
             attach_fused_decode(model, kernels, max_rows=self.small_batch_rows)
 

@@ -1,4 +1,4 @@
-// host_cpu_kernels, part 5 of 5 (one translation unit with the parts before it; see
+// host_cpu_kernels, part 6 of 6 (one translation unit with the parts before it; see
 // vector_math.cpp). llama_decode: a whole decode step of a Llama-family decoder in one call, from the kernels above.
 
 // Copies the new tokens' K and V rows ([M, KVH, hd] views with contiguous rows) into the cache
@@ -22,6 +22,60 @@ static inline c10::optional<torch::Tensor> opt(const torch::Tensor& t) {
   return t.numel() ? c10::optional<torch::Tensor>(t) : c10::nullopt;
 }
 
+// How one linear layer of the decoder holds its weight (see llama_decode's linear_meta).
+struct DecodeLinear {
+  int64_t kind = 0;                  // 0: float32 (the weight slot), 1: int8 rows + scales, 2: GGUF shards
+  std::vector<torch::Tensor> tensors;  // int8: {qweight, scales}; GGUF: one uint8 block tensor per shard
+  std::vector<int64_t> qtypes;         // GGUF: each shard's qtype
+  int64_t out_features = 0;
+};
+
+// Reads the 4 * L linear descriptions: per linear, linear_meta holds kind, count, then count qtypes
+// (GGUF; int8 and float32 list none), and the kind's tensors follow in order in quant_tensors.
+static std::vector<DecodeLinear> parse_linears(const std::vector<torch::Tensor>& quant_tensors,
+                                               const std::vector<int64_t>& meta, int64_t count) {
+  std::vector<DecodeLinear> out(static_cast<size_t>(count));
+  size_t pos = 0, next = 0;
+  for (auto& lin : out) {
+    TORCH_CHECK(pos + 2 <= meta.size(), "llama_decode: linear_meta is too short for ", count, " linears");
+    lin.kind = meta[pos];
+    const int64_t n = meta[pos + 1];
+    pos += 2;
+    if (lin.kind == 1) {
+      TORCH_CHECK(next + 2 <= quant_tensors.size(), "llama_decode: missing int8 weight tensors");
+      lin.tensors = {quant_tensors[next], quant_tensors[next + 1]};
+      next += 2;
+      lin.out_features = lin.tensors[0].size(0);
+    } else if (lin.kind == 2) {
+      TORCH_CHECK(n > 0 && pos + n <= meta.size() && next + n <= quant_tensors.size(), "llama_decode: bad GGUF shards");
+      for (int64_t s = 0; s < n; ++s) {
+        lin.qtypes.push_back(meta[pos + s]);
+        lin.tensors.push_back(quant_tensors[next + s]);
+        lin.out_features += quant_tensors[next + s].size(0);
+      }
+      pos += n;
+      next += n;
+    } else {
+      TORCH_CHECK(lin.kind == 0, "llama_decode: linear kind ", lin.kind, " is not 0 (float32), 1 (int8) or 2 (GGUF)");
+    }
+  }
+  TORCH_CHECK(pos == meta.size() && next == quant_tensors.size(), "llama_decode: linear_meta and quant_tensors disagree");
+  return out;
+}
+
+// x @ W^T (+ bias) for one linear of the decoder, by the way it holds its weight.
+static torch::Tensor decode_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias,
+                                   const DecodeLinear& lin) {
+  if (lin.kind == 0) return linear_small_m(x, w, opt(bias));
+  if (lin.kind == 1) return int8_linear(x, lin.tensors[0], lin.tensors[1], opt(bias));
+  TORCH_CHECK(x.scalar_type() == torch::kFloat32 && x.stride(1) == 1, "llama_decode: float32 rows");
+  torch::Tensor y = torch::empty({x.size(0), lin.out_features}, x.options());
+  TORCH_CHECK(!bias.numel() || (bias.scalar_type() == torch::kFloat32 && bias.is_contiguous() &&
+                                bias.numel() == lin.out_features), "llama_decode: GGUF bias must be float32 [N]");
+  quant::gguf_shards_into(x, lin.tensors, lin.qtypes, bias.numel() ? bias.data_ptr<float>() : nullptr, y);
+  return y;
+}
+
 // A whole decode step of a Llama-family decoder (Llama, Qwen2, Qwen3) for M single-token
 // requests, in one call: the same kernels and the same arithmetic as the layer-by-layer path,
 // without a Python round trip per op. weights holds 12 tensors per layer, in order:
@@ -29,7 +83,12 @@ static inline c10::optional<torch::Tensor> opt(const torch::Tensor& t) {
 // gate_up weight, gate_up bias, down weight, down bias (an empty tensor: not present).
 // kv_caches[l] is layer l's [2, num_blocks, block_size, KVH, hd] cache; windows[l] its sliding
 // window (0: none). Returns the final-normed hidden states [M, D].
+// The 4 linears of each layer (qkv, o, gate_up, down) are described by linear_meta and
+// quant_tensors (see parse_linears): a float32 one uses its weight slot in weights (plain or
+// blocked, linear_small_m), a quantized one leaves that slot empty and runs int8_linear or the
+// GGUF kernel on its shards.
 torch::Tensor llama_decode(torch::Tensor hidden, std::vector<torch::Tensor> weights,
+                           std::vector<torch::Tensor> quant_tensors, std::vector<int64_t> linear_meta,
                            std::vector<torch::Tensor> kv_caches, std::vector<int64_t> windows,
                            torch::Tensor positions, torch::Tensor slots, torch::Tensor block_table,
                            torch::Tensor seq_lens, torch::Tensor cos_sin, torch::Tensor final_norm,
@@ -41,16 +100,18 @@ torch::Tensor llama_decode(torch::Tensor hidden, std::vector<torch::Tensor> weig
   TORCH_CHECK(slots.scalar_type() == torch::kInt64 && slots.is_contiguous());
   const int64_t M = hidden.size(0), qs = H * hd, kvs = KVH * hd;
   TORCH_CHECK(slots.numel() == M && positions.numel() == M && seq_lens.numel() == M && block_table.size(0) == M);
+  const std::vector<DecodeLinear> linears = parse_linears(quant_tensors, linear_meta, 4 * L);
   torch::Tensor residual = hidden;
   torch::Tensor x;
   for (int64_t l = 0; l < L; ++l) {
     const torch::Tensor* w = weights.data() + 12 * l;
+    const DecodeLinear* lin = linears.data() + 4 * l;
     if (l == 0) {
       x = rms_norm(residual, w[0], eps);
     } else {
       fused_add_rms_norm_(x, residual, w[0], eps);
     }
-    torch::Tensor qkv = linear_small_m(x, w[1], opt(w[2]));  // [M, qs + 2 kvs]
+    torch::Tensor qkv = decode_linear(x, w[1], w[2], lin[0]);  // [M, qs + 2 kvs]
     torch::Tensor q, k;
     if (w[3].numel()) {  // per-head q/k norm (Qwen3), then RoPE on the normed copies
       q = rms_norm(qkv.narrow(1, 0, qs).reshape({M * H, hd}), w[3], eps).view({M, H, hd});
@@ -66,9 +127,9 @@ torch::Tensor llama_decode(torch::Tensor hidden, std::vector<torch::Tensor> weig
     torch::Tensor kc = kv_caches[l].select(0, 0), vc = kv_caches[l].select(0, 1);
     write_kv(k, v, kc, vc, slots.data_ptr<int64_t>(), M);
     torch::Tensor attn = paged_decode(q.contiguous(), kc, vc, block_table, seq_lens, scale, windows[l]);
-    x = linear_small_m(attn.view({M, qs}), w[5], opt(w[6]));
+    x = decode_linear(attn.view({M, qs}), w[5], w[6], lin[1]);
     fused_add_rms_norm_(x, residual, w[7], eps);
-    x = linear_small_m(silu_and_mul(linear_small_m(x, w[8], opt(w[9]))), w[10], opt(w[11]));
+    x = decode_linear(silu_and_mul(decode_linear(x, w[8], w[9], lin[2])), w[10], w[11], lin[3]);
   }
   fused_add_rms_norm_(x, residual, final_norm, eps);
   return x;

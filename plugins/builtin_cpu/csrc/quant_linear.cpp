@@ -1,0 +1,441 @@
+// host_cpu_kernels, part 4 of 6 (one translation unit with the parts before it; see
+// vector_math.cpp). gguf_linear and int8_linear: y = x @ dequantize(W)^T (+ b) straight from the
+// quantized weight, the weights dequantized in registers and the activations kept in float32.
+//
+// Weight formats (the GGUF block layouts, as the .gguf file stores them; one row of the [N, K]
+// weight is K / block_size consecutive blocks):
+//   Q4_0 (2):  32 values, 18 bytes: fp16 d, 16 bytes of nibbles; v = d * (q - 8)
+//   Q4_1 (3):  32 values, 20 bytes: fp16 d, fp16 m, 16 bytes of nibbles; v = d * q + m
+//   Q8_0 (8):  32 values, 34 bytes: fp16 d, 32 int8; v = d * q
+//   Q4_K (12): 256 values, 144 bytes: fp16 d, fp16 dmin, 12 bytes of 6-bit (scale, min) pairs for
+//              8 groups of 32, 128 bytes of nibbles; v = d * sc_g * q - dmin * m_g
+//   Q6_K (14): 256 values, 210 bytes: 128 bytes low nibbles, 64 bytes of 2-bit highs, 16 int8
+//              scales (one per 16 values), fp16 d; v = d * sc * (q - 32)
+// In both nibble formats of 32 values, byte j holds value j (low nibble) and value j + 16 (high).
+//
+// Every format is read in groups of 32 values: `group` turns group g of a row into 32 floats
+// w (already multiplied by the group's scale) and an offset b with value = w + b, so a dot
+// product is sum(w * x) + b * sum(x over the group); the per-group sums of x are computed once
+// per call. Up to SMALL_M rows of x are handled by streaming each weight row once (the group is
+// dequantized once and used for every row of x); more rows dequantize a panel of weight rows
+// into float32 (it stays in L2) and multiply it with at::mm.
+
+namespace quant {
+
+constexpr int64_t SMALL_M = 8;
+
+enum QType : int64_t { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14, INT8 = -1 };
+
+static inline float f16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+#ifdef __F16C__
+  return _cvtsh_ss(h);
+#else
+  const uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0) {
+    if (man == 0) {
+      bits = sign;
+    } else {  // subnormal half: renormalize
+      int e = -1;
+      uint32_t m = man;
+      do { ++e; m <<= 1; } while ((m & 0x400u) == 0);
+      bits = sign | ((112 - e) << 23) | ((m & 0x3ffu) << 13);
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | (man << 13);
+  } else {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+#endif
+}
+
+// (values per block, bytes per block) of a format
+static inline void block_shape(int64_t qtype, int64_t& values, int64_t& bytes) {
+  switch (qtype) {
+    case Q4_0: values = 32; bytes = 18; return;
+    case Q4_1: values = 32; bytes = 20; return;
+    case Q8_0: values = 32; bytes = 34; return;
+    case Q4_K: values = 256; bytes = 144; return;
+    case Q6_K: values = 256; bytes = 210; return;
+    case INT8: values = 32; bytes = 32; return;
+    default:
+      TORCH_CHECK(false, "gguf_linear: qtype ", qtype,
+                  " is not one of the CPU kernel's formats: Q4_0 (2), Q4_1 (3), Q8_0 (8), Q4_K (12), Q6_K (14)");
+  }
+}
+
+// Q4_K's 6-bit scale and min of group j (0..7) from the 12 packed bytes s
+static inline void k4_scale_min(const uint8_t* s, int j, int& sc, int& mn) {
+  if (j < 4) {
+    sc = s[j] & 63;
+    mn = s[j + 4] & 63;
+  } else {
+    sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
+    mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+// ---- scalar group decoders: group g of a row -> w[32] (scaled), returns the offset b ----
+
+template <int64_t QT>
+static inline float group_scalar(const uint8_t* row, int64_t g, float* w) {
+  if constexpr (QT == Q4_0 || QT == Q4_1) {
+    const uint8_t* b = row + g * (QT == Q4_0 ? 18 : 20);
+    const float d = f16(b);
+    const uint8_t* q = b + (QT == Q4_0 ? 2 : 4);
+    const int sub = QT == Q4_0 ? 8 : 0;
+    for (int j = 0; j < 16; ++j) {
+      w[j] = d * static_cast<float>((q[j] & 0x0f) - sub);
+      w[j + 16] = d * static_cast<float>((q[j] >> 4) - sub);
+    }
+    return QT == Q4_1 ? f16(b + 2) : 0.f;
+  } else if constexpr (QT == Q8_0) {
+    const uint8_t* b = row + g * 34;
+    const float d = f16(b);
+    const int8_t* q = reinterpret_cast<const int8_t*>(b + 2);
+    for (int j = 0; j < 32; ++j) w[j] = d * static_cast<float>(q[j]);
+    return 0.f;
+  } else if constexpr (QT == INT8) {
+    const int8_t* q = reinterpret_cast<const int8_t*>(row) + g * 32;
+    for (int j = 0; j < 32; ++j) w[j] = static_cast<float>(q[j]);
+    return 0.f;
+  } else if constexpr (QT == Q4_K) {
+    const uint8_t* b = row + (g / 8) * 144;
+    const int j = static_cast<int>(g % 8);
+    int sc, mn;
+    k4_scale_min(b + 4, j, sc, mn);
+    const float d = f16(b) * static_cast<float>(sc), off = -f16(b + 2) * static_cast<float>(mn);
+    const uint8_t* q = b + 16 + (j / 2) * 32;
+    const int shift = (j % 2) * 4;
+    for (int l = 0; l < 32; ++l) w[l] = d * static_cast<float>((q[l] >> shift) & 0x0f);
+    return off;
+  } else {  // Q6_K
+    const uint8_t* b = row + (g / 8) * 210;
+    const int h = static_cast<int>((g % 8) / 4), s = static_cast<int>(g % 4);
+    const uint8_t* ql = b + h * 64 + (s % 2) * 32;
+    const uint8_t* qh = b + 128 + h * 32;
+    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192) + h * 8 + s * 2;
+    const float d = f16(b + 208);
+    const int lshift = (s / 2) * 4, hshift = 2 * s;
+    for (int l = 0; l < 32; ++l) {
+      const int q = (((ql[l] >> lshift) & 0x0f) | (((qh[l] >> hshift) & 3) << 4)) - 32;
+      w[l] = d * static_cast<float>(sc[l / 16]) * static_cast<float>(q);
+    }
+    return 0.f;
+  }
+}
+
+#ifdef HOST_AVX2
+// 16 bytes -> 2 x 8 floats (sign-extended)
+static inline void cvt16(__m128i v, __m256* out) {
+  out[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+  out[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8)));
+}
+
+// ---- AVX2 group decoders: group g of a row -> w[4] (8 floats each, scaled), returns b ----
+template <int64_t QT>
+static inline float group_avx2(const uint8_t* row, int64_t g, __m256* w) {
+  if constexpr (QT == Q4_0 || QT == Q4_1) {
+    const uint8_t* b = row + g * (QT == Q4_0 ? 18 : 20);
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + (QT == Q4_0 ? 2 : 4)));
+    const __m128i mask = _mm_set1_epi8(0x0f);
+    __m128i lo = _mm_and_si128(q, mask), hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+    if constexpr (QT == Q4_0) {
+      lo = _mm_sub_epi8(lo, _mm_set1_epi8(8));
+      hi = _mm_sub_epi8(hi, _mm_set1_epi8(8));
+    }
+    cvt16(lo, w);
+    cvt16(hi, w + 2);
+    const __m256 d = _mm256_set1_ps(f16(b));
+    for (int i = 0; i < 4; ++i) w[i] = _mm256_mul_ps(w[i], d);
+    return QT == Q4_1 ? f16(b + 2) : 0.f;
+  } else if constexpr (QT == Q8_0 || QT == INT8) {
+    const uint8_t* q = QT == Q8_0 ? row + g * 34 + 2 : row + g * 32;
+    cvt16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)), w);
+    cvt16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)), w + 2);
+    if constexpr (QT == Q8_0) {
+      const __m256 d = _mm256_set1_ps(f16(row + g * 34));
+      for (int i = 0; i < 4; ++i) w[i] = _mm256_mul_ps(w[i], d);
+    }
+    return 0.f;
+  } else if constexpr (QT == Q4_K) {
+    const uint8_t* b = row + (g / 8) * 144;
+    const int j = static_cast<int>(g % 8);
+    int sc, mn;
+    k4_scale_min(b + 4, j, sc, mn);
+    __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + (j / 2) * 32));
+    if (j % 2) q = _mm256_srli_epi16(q, 4);
+    q = _mm256_and_si256(q, _mm256_set1_epi8(0x0f));
+    cvt16(_mm256_castsi256_si128(q), w);
+    cvt16(_mm256_extracti128_si256(q, 1), w + 2);
+    const __m256 d = _mm256_set1_ps(f16(b) * static_cast<float>(sc));
+    for (int i = 0; i < 4; ++i) w[i] = _mm256_mul_ps(w[i], d);
+    return -f16(b + 2) * static_cast<float>(mn);
+  } else {  // Q6_K
+    const uint8_t* b = row + (g / 8) * 210;
+    const int h = static_cast<int>((g % 8) / 4), s = static_cast<int>(g % 4);
+    __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + h * 64 + (s % 2) * 32));
+    __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + h * 32));
+    if (s / 2) ql = _mm256_srli_epi16(ql, 4);
+    ql = _mm256_and_si256(ql, _mm256_set1_epi8(0x0f));
+    switch (s) {  // bits 2s, 2s+1 of each qh byte -> bits 4, 5
+      case 0: qh = _mm256_slli_epi16(qh, 4); break;
+      case 1: qh = _mm256_slli_epi16(qh, 2); break;
+      case 2: break;
+      default: qh = _mm256_srli_epi16(qh, 2); break;
+    }
+    qh = _mm256_and_si256(qh, _mm256_set1_epi8(0x30));
+    const __m256i q = _mm256_sub_epi8(_mm256_or_si256(ql, qh), _mm256_set1_epi8(32));
+    cvt16(_mm256_castsi256_si128(q), w);
+    cvt16(_mm256_extracti128_si256(q, 1), w + 2);
+    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192) + h * 8 + s * 2;
+    const float d = f16(b + 208);
+    const __m256 d0 = _mm256_set1_ps(d * static_cast<float>(sc[0])), d1 = _mm256_set1_ps(d * static_cast<float>(sc[1]));
+    w[0] = _mm256_mul_ps(w[0], d0);
+    w[1] = _mm256_mul_ps(w[1], d0);
+    w[2] = _mm256_mul_ps(w[2], d1);
+    w[3] = _mm256_mul_ps(w[3], d1);
+    return 0.f;
+  }
+}
+#endif
+
+template <int64_t QT>
+constexpr bool has_offset() { return QT == Q4_1 || QT == Q4_K; }
+
+// Row n of the weight (G groups of 32) dotted with MT rows of x: out[m] = sum_k W[n, k] x[m, k].
+// xsum holds sum(x[m, 32g..32g+31]) at xsum[m * G + g] (formats with an offset only).
+template <int64_t QT, int MT>
+static inline void row_dot(const uint8_t* row, int64_t G, const float* x, int64_t xs, const float* xsum, float* out) {
+#ifdef HOST_AVX2
+  constexpr int A = MT == 1 ? 4 : (MT == 2 ? 2 : 1);  // independent accumulators per row of x
+  __m256 acc[MT][A];
+  float off[MT];
+  for (int m = 0; m < MT; ++m) {
+    for (int a = 0; a < A; ++a) acc[m][a] = _mm256_setzero_ps();
+    off[m] = 0.f;
+  }
+  for (int64_t g = 0; g < G; ++g) {
+    __m256 w[4];
+    const float b = group_avx2<QT>(row, g, w);
+    for (int m = 0; m < MT; ++m) {
+      const float* xg = x + m * xs + g * 32;
+      for (int i = 0; i < 4; ++i) acc[m][i % A] = _mm256_fmadd_ps(w[i], _mm256_loadu_ps(xg + 8 * i), acc[m][i % A]);
+      if constexpr (has_offset<QT>()) off[m] += b * xsum[m * G + g];
+    }
+  }
+  for (int m = 0; m < MT; ++m) {
+    __m256 s = acc[m][0];
+    for (int a = 1; a < A; ++a) s = _mm256_add_ps(s, acc[m][a]);
+    out[m] = hsum256(s) + off[m];
+  }
+#else
+  float w[32];
+  for (int m = 0; m < MT; ++m) out[m] = 0.f;
+  for (int64_t g = 0; g < G; ++g) {
+    const float b = group_scalar<QT>(row, g, w);
+    for (int m = 0; m < MT; ++m) {
+      const float* xg = x + m * xs + g * 32;
+      float s = 0.f;
+      for (int l = 0; l < 32; ++l) s += w[l] * xg[l];
+      out[m] += s + (has_offset<QT>() ? b * xsum[m * G + g] : 0.f);
+    }
+  }
+#endif
+}
+
+// Dequantizes row `row` (G groups) into dst[32 G] floats.
+template <int64_t QT>
+static inline void dequant_row(const uint8_t* row, int64_t G, float* dst) {
+  for (int64_t g = 0; g < G; ++g) {
+#ifdef HOST_AVX2
+    __m256 w[4];
+    const __m256 b = _mm256_set1_ps(group_avx2<QT>(row, g, w));
+    for (int i = 0; i < 4; ++i) _mm256_storeu_ps(dst + g * 32 + 8 * i, _mm256_add_ps(w[i], b));
+#else
+    const float b = group_scalar<QT>(row, g, dst + g * 32);
+    for (int l = 0; l < 32; ++l) dst[g * 32 + l] += b;
+#endif
+  }
+}
+
+// The output columns [col0, col0 + N) of y (row stride ldy) = x[M, K] @ dequantize(W[N, K])^T,
+// times row_scale[n] when given, plus bias[n] when given. W is `row_bytes` bytes per row.
+template <int64_t QT>
+static void gemm_into(const float* x, int64_t M, int64_t xs, int64_t K, const uint8_t* w, int64_t N, int64_t row_bytes,
+                      const float* row_scale, const float* bias, float* y, int64_t ldy, int64_t col0) {
+  const int64_t G = K / 32;
+  std::vector<float> xsum;
+  if (has_offset<QT>()) {
+    xsum.resize(static_cast<size_t>(M * G));
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t g = 0; g < G; ++g) {
+        float s = 0.f;
+        for (int l = 0; l < 32; ++l) s += x[m * xs + g * 32 + l];
+        xsum[m * G + g] = s;
+      }
+  }
+  auto finish = [&](int64_t m, int64_t n, float v) {
+    if (row_scale) v *= row_scale[n];
+    if (bias) v += bias[n];
+    y[m * ldy + col0 + n] = v;
+  };
+  if (M <= SMALL_M) {
+    const float* xsp = xsum.data();
+    at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
+      float out[8];
+      for (int64_t n = begin; n < end; ++n) {
+        const uint8_t* row = w + n * row_bytes;
+        int64_t m = 0;
+        for (; m + 8 <= M; m += 8) {
+          row_dot<QT, 8>(row, G, x + m * xs, xs, xsp + m * G, out);
+          for (int i = 0; i < 8; ++i) finish(m + i, n, out[i]);
+        }
+        for (; m + 4 <= M; m += 4) {
+          row_dot<QT, 4>(row, G, x + m * xs, xs, xsp + m * G, out);
+          for (int i = 0; i < 4; ++i) finish(m + i, n, out[i]);
+        }
+        for (; m + 2 <= M; m += 2) {
+          row_dot<QT, 2>(row, G, x + m * xs, xs, xsp + m * G, out);
+          for (int i = 0; i < 2; ++i) finish(m + i, n, out[i]);
+        }
+        for (; m < M; ++m) {
+          row_dot<QT, 1>(row, G, x + m * xs, xs, xsp + m * G, out);
+          finish(m, n, out[0]);
+        }
+      }
+    });
+    return;
+  }
+  // Many rows: a panel of TN dequantized weight rows (about 256 KiB, in L2) times x with at::mm.
+  const int64_t TN = std::max<int64_t>(16, std::min<int64_t>(256, (65536 / K) / 16 * 16));
+  const int64_t tiles = (N + TN - 1) / TN;
+  const torch::Tensor xt = torch::from_blob(const_cast<float*>(x), {M, K}, {xs, 1}, torch::kFloat32);
+  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+    torch::Tensor panel = torch::empty({TN, K}, torch::kFloat32);
+    torch::Tensor out = torch::empty({M, TN}, torch::kFloat32);
+    float* pp = panel.data_ptr<float>();
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t n0 = t * TN, rows = std::min(TN, N - n0);
+      for (int64_t r = 0; r < rows; ++r) dequant_row<QT>(w + (n0 + r) * row_bytes, G, pp + r * K);
+      torch::Tensor o = out.narrow(1, 0, rows);
+      at::mm_out(o, xt, panel.narrow(0, 0, rows).t());
+      const float* op = o.data_ptr<float>();
+      const int64_t os = o.stride(0);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t r = 0; r < rows; ++r) finish(m, n0 + r, op[m * os + r]);
+    }
+  });
+}
+
+static void dispatch_into(int64_t qtype, const float* x, int64_t M, int64_t xs, int64_t K, const uint8_t* w, int64_t N,
+                          int64_t row_bytes, const float* row_scale, const float* bias, float* y, int64_t ldy,
+                          int64_t col0) {
+  switch (qtype) {
+    case Q4_0: return gemm_into<Q4_0>(x, M, xs, K, w, N, row_bytes, row_scale, bias, y, ldy, col0);
+    case Q4_1: return gemm_into<Q4_1>(x, M, xs, K, w, N, row_bytes, row_scale, bias, y, ldy, col0);
+    case Q8_0: return gemm_into<Q8_0>(x, M, xs, K, w, N, row_bytes, row_scale, bias, y, ldy, col0);
+    case Q4_K: return gemm_into<Q4_K>(x, M, xs, K, w, N, row_bytes, row_scale, bias, y, ldy, col0);
+    case Q6_K: return gemm_into<Q6_K>(x, M, xs, K, w, N, row_bytes, row_scale, bias, y, ldy, col0);
+    case INT8: return gemm_into<INT8>(x, M, xs, K, w, N, row_bytes, row_scale, bias, y, ldy, col0);
+    default: {
+      int64_t v, b;
+      block_shape(qtype, v, b);  // raises naming the qtype
+    }
+  }
+}
+
+// x as float32 [M, K] with unit column stride (bfloat16 / strided inputs are converted)
+static inline torch::Tensor as_f32_rows(const torch::Tensor& x, const char* op) {
+  TORCH_CHECK(x.dim() == 2, op, ": x must be 2-D [M, K], got ", x.dim(), " dimensions");
+  TORCH_CHECK(x.scalar_type() == torch::kFloat32 || x.scalar_type() == torch::kBFloat16, op,
+              ": x must be float32 or bfloat16, got ", x.scalar_type());
+  torch::Tensor xf = x.scalar_type() == torch::kFloat32 ? x : x.to(torch::kFloat32);
+  return xf.stride(1) == 1 ? xf : xf.contiguous();
+}
+
+static inline const float* bias_ptr(const c10::optional<torch::Tensor>& bias, int64_t N, const char* op,
+                                    torch::Tensor& keep) {
+  if (!bias.has_value() || !bias->defined() || bias->numel() == 0) return nullptr;
+  TORCH_CHECK(bias->numel() == N, op, ": bias has ", bias->numel(), " values for ", N, " output features");
+  keep = bias->to(torch::kFloat32).contiguous();
+  return keep.data_ptr<float>();
+}
+
+// The shards of one GGUF linear (each [N_s, row_bytes_s] uint8 with its qtype) into consecutive
+// column ranges of y [M, sum N_s] (float32, contiguous), from x float32 [M, K] (unit column stride).
+static void gguf_shards_into(const torch::Tensor& x, const std::vector<torch::Tensor>& qweights,
+                             const std::vector<int64_t>& qtypes, const float* bias, torch::Tensor& y) {
+  const int64_t M = x.size(0), K = x.size(1);
+  int64_t col = 0;
+  for (size_t s = 0; s < qweights.size(); ++s) {
+    const torch::Tensor& qw = qweights[s];
+    int64_t values, bytes;
+    block_shape(qtypes[s], values, bytes);
+    TORCH_CHECK(qw.scalar_type() == torch::kUInt8 && qw.dim() == 2 && qw.is_contiguous(),
+                "gguf_linear: qweight must be a contiguous uint8 [N, row_bytes] tensor of GGUF blocks");
+    TORCH_CHECK(K % values == 0 && qw.size(1) == (K / values) * bytes, "gguf_linear: x has K = ", K,
+                " columns, so qtype ", qtypes[s], " rows need ", (K % values ? -1 : (K / values) * bytes),
+                " bytes (K a multiple of ", values, "), but qweight rows have ", qw.size(1));
+    dispatch_into(qtypes[s], x.data_ptr<float>(), M, x.stride(0), K, qw.data_ptr<uint8_t>(), qw.size(0), qw.size(1),
+                  nullptr, bias ? bias + col : nullptr, y.data_ptr<float>(), y.size(1), col);
+    col += qw.size(0);
+  }
+}
+
+}  // namespace quant
+
+// y[M, N] = x[M, K] @ dequantize(qweight)^T (+ bias), qweight the [N, row_bytes] GGUF blocks of
+// an [N, K] weight of type qtype (int(gguf.GGMLQuantizationType)). Result in x's dtype.
+torch::Tensor gguf_linear(torch::Tensor x, torch::Tensor qweight, int64_t qtype, c10::optional<torch::Tensor> bias) {
+  torch::Tensor xf = quant::as_f32_rows(x, "gguf_linear");
+  TORCH_CHECK(qweight.dim() == 2, "gguf_linear: qweight must be 2-D [N, row_bytes]");
+  const int64_t N = qweight.size(0);
+  torch::Tensor keep;
+  const float* bp = quant::bias_ptr(bias, N, "gguf_linear", keep);
+  torch::Tensor y = torch::empty({xf.size(0), N}, xf.options());
+  quant::gguf_shards_into(xf, {qweight.contiguous()}, {qtype}, bp, y);
+  return x.scalar_type() == torch::kFloat32 ? y : y.to(x.scalar_type());
+}
+
+// y[M, N] = x[M, K] @ (qweight * scales[:, None])^T (+ bias), qweight int8 [N, K], scales float32 [N].
+torch::Tensor int8_linear(torch::Tensor x, torch::Tensor qweight, torch::Tensor scales, c10::optional<torch::Tensor> bias) {
+  torch::Tensor xf = quant::as_f32_rows(x, "int8_linear");
+  TORCH_CHECK(qweight.scalar_type() == torch::kInt8 && qweight.dim() == 2, "int8_linear: qweight must be int8 [N, K]");
+  const int64_t M = xf.size(0), K = xf.size(1), N = qweight.size(0);
+  TORCH_CHECK(qweight.size(1) == K, "int8_linear: x has ", K, " columns, qweight ", qweight.size(1));
+  TORCH_CHECK(scales.numel() == N, "int8_linear: ", scales.numel(), " scales for ", N, " rows");
+  torch::Tensor y = torch::empty({M, N}, xf.options());
+  torch::Tensor keep;
+  const float* bp = quant::bias_ptr(bias, N, "int8_linear", keep);
+  torch::Tensor sc = scales.to(torch::kFloat32).contiguous();
+  torch::Tensor qw = qweight.contiguous();
+  if (K % 32 == 0) {
+    quant::dispatch_into(quant::INT8, xf.data_ptr<float>(), M, xf.stride(0), K,
+                         reinterpret_cast<const uint8_t*>(qw.data_ptr<int8_t>()), N, K, sc.data_ptr<float>(), bp,
+                         y.data_ptr<float>(), N, 0);
+  } else {  // K not a multiple of the 32-value group: plain torch
+    torch::Tensor ref = at::mm(xf, (qw.to(torch::kFloat32) * sc.unsqueeze(1)).t());
+    if (bp) ref.add_(keep);
+    y.copy_(ref);
+  }
+  return x.scalar_type() == torch::kFloat32 ? y : y.to(x.scalar_type());
+}
+
+// The instruction set this module was compiled for (kernels.py logs it once).
+std::string kernels_isa() {
+#if defined(__AVX512F__) && defined(HOST_AVX2)
+  return "avx512f+avx2+fma+f16c";
+#elif defined(HOST_AVX2) && defined(__F16C__)
+  return "avx2+fma+f16c";
+#elif defined(HOST_AVX2)
+  return "avx2+fma";
+#else
+  return "scalar";
+#endif
+}

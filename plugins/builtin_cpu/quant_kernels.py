@@ -1,0 +1,57 @@
+"""The CPU platform's quantized-linear kernels in the kernel table (:mod:`host.sdk.kernels`).
+
+When the compiled CPU kernels build, :func:`register_cpu_quant_kernels` offers their
+``gguf_linear`` (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K blocks) and ``int8_linear`` for device type
+``"cpu"`` at priority 10, above the quantization plugin's torch references (registered under
+``"*"``), with the calling conventions of those ops: ``gguf_linear(x, qweight, qtype, bias)`` and
+``int8_linear(x, qweight, scales, bias)``, each returning a new ``[M, N]`` tensor in ``x``'s
+dtype (float32 or bfloat16 ``x``, any leading dimensions flattened to rows; the weights
+dequantized in registers, the products in float32).
+A GGUF type the compiled kernel does not read, or a shape it does not take (K not a multiple of
+the block size), goes to the torch reference registered under ``"*"`` instead of failing.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import torch
+
+from host.sdk.kernels import ANY_DEVICE, kernel_entry, register_kernel
+
+logger = logging.getLogger("host.cpu")
+
+PRIORITY = 10
+# int(gguf.GGMLQuantizationType) -> values per block, for the types the compiled kernel reads
+GGUF_BLOCK_VALUES = {2: 32, 3: 32, 8: 32, 12: 256, 14: 256}
+
+
+def _fallback(op: str) -> Callable[..., Any]:
+    """The device-independent implementation of ``op`` (the quantization plugin's torch reference)."""
+    return kernel_entry(op, ANY_DEVICE).impl
+
+
+def register_cpu_quant_kernels(kernels: Any) -> str:
+    """Register the compiled ``gguf_linear`` and ``int8_linear`` for ``"cpu"``; returns the name
+    they were registered under (``cpu_avx2`` or ``cpu_scalar``, by the instruction set built)."""
+    isa = kernels.kernels_isa()
+    name = "cpu_avx2" if "avx2" in isa else "cpu_scalar"
+
+    def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int, bias: torch.Tensor | None) -> torch.Tensor:
+        values = GGUF_BLOCK_VALUES.get(int(qtype))
+        if values is None or x.shape[-1] % values or x.dtype not in (torch.float32, torch.bfloat16):
+            return _fallback("gguf_linear")(x, qweight, qtype, bias)
+        y = kernels.gguf_linear(x.reshape(-1, x.shape[-1]), qweight, int(qtype), bias)
+        return y.view(*x.shape[:-1], y.shape[-1])
+
+    def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if x.dtype not in (torch.float32, torch.bfloat16):
+            return _fallback("int8_linear")(x, qweight, scales, bias)
+        y = kernels.int8_linear(x.reshape(-1, x.shape[-1]), qweight, scales, bias)
+        return y.view(*x.shape[:-1], y.shape[-1])
+
+    register_kernel("gguf_linear", "cpu", gguf_linear, name=name, priority=PRIORITY)
+    register_kernel("int8_linear", "cpu", int8_linear, name=name, priority=PRIORITY)
+    logger.info("Quantized linear kernels for cpu: %s (%s)", name, isa)
+    return name
