@@ -4,9 +4,10 @@
 
 - :func:`gguf_linear` ``(x [M, K], qweight uint8 [N, row_bytes], qtype, bias) -> [M, N]``:
   ``x @ dequantize(qweight)^T + bias`` for GGUF Q4_0, Q4_1, Q8_0, Q4_K and Q6_K rows, stored
-  exactly as the .gguf file stores them. Each weight value is decoded in registers from its
-  block's bytes (the float16 scales are assembled from two bytes, so no alignment is assumed);
-  activations are read in their dtype and multiplied in float32 with float32 accumulation
+  exactly as the .gguf file stores them. Weights are dequantized in registers a scale group at
+  a time (32 values, 16 for Q6_K): the group's scale and offset are decoded once (float16s
+  assembled from two bytes, so no alignment is assumed), each value's nibble or byte unpacked
+  and ``q * scale + offset`` formed in float32; activations are read in their dtype and multiplied in float32 with float32 accumulation
   (``tl.dot`` in IEEE precision), so the result equals the dequantized-float32 reference up to
   summation order.
 - :func:`int8_linear` ``(x, qweight int8 [N, K], scales float32 [N], bias)``:
@@ -20,7 +21,8 @@
 
 Two launch shapes: for ``M <= GEMV_MAX_M`` (decode) a GEMV grid of one token by ``BLOCK_N`` rows
 per program, split along K over enough programs to fill the GPU (partials summed with float32
-atomics); for larger ``M`` a tiled GEMM. All kernels also run on CPU tensors under
+atomics); for larger ``M`` a tiled GEMM. Under the interpreter (which truncates float32 ->
+bfloat16 stores) the kernels write float32 and torch rounds to x's dtype. All kernels also run on CPU tensors under
 ``TRITON_INTERPRET=1``, which is how CI checks them against ``gguf.quants.dequantize``
 (``tests/plugins/triton_ops/test_quant_linear.py``). The public ops are ``torch.library``
 custom ops (``host::triton_*``), so ``torch.compile`` sees one opaque node per linear.
@@ -67,30 +69,31 @@ if HAS_TRITON:
         return v - ((v >> 7) << 8)
 
     @triton.jit
-    def _gguf_tile(w_ptr, row_stride, rows, cols, mask, QTYPE: tl.constexpr):
-        """Dequantize the weight values at (``rows``, ``cols``) (broadcast index tensors of the
-        same shape) of GGUF rows, as float32. ``cols`` index values along K."""
-        if QTYPE == 2:  # Q4_0: d, 16 bytes of nibbles (low: values 0-15, high: 16-31)
-            base = w_ptr + rows * row_stride + (cols // 32) * 18
-            j = cols % 32
-            d = _f16_at(base, mask)
-            q = (tl.load(base + 2 + (j % 16), mask=mask, other=0).to(tl.int32) >> ((j // 16) * 4)) & 15
-            w = d * (q - 8).to(tl.float32)
-        elif QTYPE == 3:  # Q4_1: d, m, 16 bytes of nibbles
-            base = w_ptr + rows * row_stride + (cols // 32) * 20
-            j = cols % 32
-            d = _f16_at(base, mask)
-            m = _f16_at(base + 2, mask)
-            q = (tl.load(base + 4 + (j % 16), mask=mask, other=0).to(tl.int32) >> ((j // 16) * 4)) & 15
-            w = d * q.to(tl.float32) + m
-        elif QTYPE == 8:  # Q8_0: d, 32 int8
-            base = w_ptr + rows * row_stride + (cols // 32) * 34
-            d = _f16_at(base, mask)
-            w = d * _i8_at(base + 2 + cols % 32, mask).to(tl.float32)
+    def _gguf_groups(w_ptr, row_stride, rows, grp, lane, mask, QTYPE: tl.constexpr):
+        """Dequantize GGUF weight values, as float32, one scale group at a time: ``rows`` and
+        ``grp`` (the group's index along K; a group is the GROUP values sharing one scale: 16 for
+        Q6_K, 32 otherwise) are broadcast index tensors of the group shape (size 1 on the lane
+        axis), ``lane`` (0..GROUP-1) runs along the lane axis, ``mask`` has the group shape.
+        Scales, mins and their decoding are computed per group; per value only its byte is read
+        and unpacked, then ``w = q * scale + offset``."""
+        if QTYPE == 2:  # Q4_0: d, 16 bytes of nibbles (low: values 0-15, high: 16-31); (q - 8) d
+            base = w_ptr + rows * row_stride + grp * 18
+            scale = _f16_at(base, mask)
+            offset = -8.0 * scale
+            q = (tl.load(base + 2 + lane % 16, mask=mask, other=0).to(tl.int32) >> ((lane // 16) * 4)) & 15
+        elif QTYPE == 3:  # Q4_1: d, m, 16 bytes of nibbles; q d + m
+            base = w_ptr + rows * row_stride + grp * 20
+            scale = _f16_at(base, mask)
+            offset = _f16_at(base + 2, mask)
+            q = (tl.load(base + 4 + lane % 16, mask=mask, other=0).to(tl.int32) >> ((lane // 16) * 4)) & 15
+        elif QTYPE == 8:  # Q8_0: d, 32 int8; q d
+            base = w_ptr + rows * row_stride + grp * 34
+            scale = _f16_at(base, mask)
+            offset = 0.0 * scale
+            q = _i8_at(base + 2 + lane, mask)
         elif QTYPE == 12:  # Q4_K: d, dmin, 12 bytes of 6-bit scales/mins, 128 bytes of nibbles
-            base = w_ptr + rows * row_stride + (cols // 256) * 144
-            j = cols % 256
-            sb = j // 32  # sub-block of 32 values, 0..7
+            sb = grp % 8  # sub-block of the 256-value super-block
+            base = w_ptr + rows * row_stride + (grp // 8) * 144
             d = _f16_at(base, mask)
             dmin = _f16_at(base + 2, mask)
             s_lo = tl.load(base + 4 + sb % 4, mask=mask, other=0).to(tl.int32)  # scales[sb % 4]
@@ -99,34 +102,31 @@ if HAS_TRITON:
             low = sb < 4
             sc = tl.where(low, s_lo & 63, (s_hi & 15) | ((s_lo >> 6) << 4))
             mn = tl.where(low, s_mid & 63, (s_hi >> 4) | ((s_mid >> 6) << 4))
-            byte = tl.load(base + 16 + (j // 64) * 32 + j % 32, mask=mask, other=0).to(tl.int32)
-            q = (byte >> ((sb % 2) * 4)) & 15
-            w = d * sc.to(tl.float32) * q.to(tl.float32) - dmin * mn.to(tl.float32)
-        else:  # Q6_K: 128 bytes low nibbles, 64 bytes high 2-bit pairs, 16 int8 scales, d
-            base = w_ptr + rows * row_stride + (cols // 256) * 210
-            j = cols % 256
-            half = j // 128
-            e = j % 128
-            g = e // 32  # quarter of the half, 0..3
-            lane = e % 32
-            ql = tl.load(base + half * 64 + lane + (g % 2) * 32, mask=mask, other=0).to(tl.int32)
-            qh = tl.load(base + 128 + half * 32 + lane, mask=mask, other=0).to(tl.int32)
-            q = ((ql >> ((g // 2) * 4)) & 15) | (((qh >> (g * 2)) & 3) << 4)
-            sc = _i8_at(base + 192 + j // 16, mask)
-            d = _f16_at(base + 208, mask)
-            w = d * sc.to(tl.float32) * (q - 32).to(tl.float32)
-        return w
+            scale = d * sc.to(tl.float32)
+            offset = -(dmin * mn.to(tl.float32))
+            # sub-blocks 2i and 2i+1 share 32 bytes: low nibbles, then high nibbles
+            q = (tl.load(base + 16 + (sb // 2) * 32 + lane, mask=mask, other=0).to(tl.int32) >> ((sb % 2) * 4)) & 15
+        else:  # Q6_K: 128 bytes low nibbles, 64 bytes high 2-bit pairs, 16 int8 scales, d; groups of 16
+            g = grp % 16  # group of the super-block: values 16 g .. 16 g + 15
+            base = w_ptr + rows * row_stride + (grp // 16) * 210
+            half = g // 8  # each 128-value half: 64 low-nibble bytes, 32 high-pair bytes
+            quarter = (g % 8) // 2  # quarters of 32 values: nibble (quarter // 2), pair (quarter)
+            ql = tl.load(base + half * 64 + (quarter % 2) * 32 + (g % 2) * 16 + lane, mask=mask, other=0).to(tl.int32)
+            qh = tl.load(base + 128 + half * 32 + (g % 2) * 16 + lane, mask=mask, other=0).to(tl.int32)
+            q = ((ql >> ((quarter // 2) * 4)) & 15) | (((qh >> (quarter * 2)) & 3) << 4)
+            scale = _f16_at(base + 208, mask) * _i8_at(base + 192 + g, mask).to(tl.float32)
+            offset = -32.0 * scale
+        return q.to(tl.float32) * scale + offset
 
     @triton.jit
-    def _weight_tile(w_ptr, row_stride, rows, cols, mask, KIND: tl.constexpr, QTYPE: tl.constexpr):
-        """One [rows x cols] tile of the weight in float32: GGUF blocks (KIND 0), int8 (1,
-        unscaled: the row scale goes on the accumulator) or e4m3fn bytes (2, unscaled)."""
-        if KIND == 0:
-            w = _gguf_tile(w_ptr, row_stride, rows, cols, mask, QTYPE)
-        elif KIND == 1:
-            w = tl.load(w_ptr + rows * row_stride + cols, mask=mask, other=0).to(tl.float32)
+    def _weight_tile(w_ptr, row_stride, rows, cols, mask, KIND: tl.constexpr):
+        """One tile of an int8 (KIND 1) or e4m3fn (KIND 2) weight in float32, unscaled (the row
+        scale goes on the accumulator)."""
+        v = tl.load(w_ptr + rows * row_stride + cols, mask=mask, other=0)
+        if KIND == 1:
+            w = v.to(tl.float32)
         else:
-            w = _e4m3_decode(tl.load(w_ptr + rows * row_stride + cols, mask=mask, other=0).to(tl.int32))
+            w = _e4m3_decode(v.to(tl.int32))
         return w
 
     @triton.jit
@@ -140,11 +140,19 @@ if HAS_TRITON:
         return sign * tl.where(exp == 0, subnormal, normal)
 
     @triton.jit
+    def _load_x(x_ptr, offs, mask, X_FP8: tl.constexpr):
+        if X_FP8:
+            xv = _e4m3_decode(tl.load(x_ptr + offs, mask=mask, other=0).to(tl.int32))
+        else:
+            xv = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        return xv
+
+    @triton.jit
     def _gemv_kernel(
         x_ptr, w_ptr, out_ptr, bias_ptr, row_scale_ptr, tok_scale_ptr,
         N, K, x_stride, w_stride, out_stride, k_per_split,
-        KIND: tl.constexpr, QTYPE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ROW_SCALE: tl.constexpr,
-        HAS_TOK_SCALE: tl.constexpr, X_FP8: tl.constexpr, ATOMIC: tl.constexpr,
+        KIND: tl.constexpr, QTYPE: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr,
+        HAS_ROW_SCALE: tl.constexpr, HAS_TOK_SCALE: tl.constexpr, X_FP8: tl.constexpr, ATOMIC: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     ):
         pid_n = tl.program_id(0)
@@ -152,19 +160,27 @@ if HAS_TRITON:
         pid_k = tl.program_id(2)
         rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         row_ok = rows < N
+        rows64 = rows.to(tl.int64)
         acc = tl.zeros([BLOCK_N], dtype=tl.float32)
         k_lo = pid_k * k_per_split
         k_hi = tl.minimum(k_lo + k_per_split, K)
         for k0 in range(k_lo, k_hi, BLOCK_K):
-            cols = k0 + tl.arange(0, BLOCK_K)
-            col_ok = cols < k_hi
-            if X_FP8:
-                xv = _e4m3_decode(tl.load(x_ptr + m * x_stride + cols, mask=col_ok, other=0).to(tl.int32))
+            if KIND == 0:  # [BLOCK_N, groups, GROUP] tiles
+                g_idx = tl.arange(0, BLOCK_K // GROUP)
+                lanes = tl.arange(0, GROUP)
+                g_ok = k0 + g_idx * GROUP < k_hi
+                xv = _load_x(x_ptr, m * x_stride + (k0 + g_idx * GROUP)[:, None] + lanes[None, :], g_ok[:, None], X_FP8)
+                w = _gguf_groups(
+                    w_ptr, w_stride, rows64[:, None, None], (k0 // GROUP + g_idx)[None, :, None], lanes[None, None, :],
+                    row_ok[:, None, None] & g_ok[None, :, None], QTYPE,
+                )
+                acc += tl.sum(tl.sum(w * xv[None, :, :], axis=2), axis=1)
             else:
-                xv = tl.load(x_ptr + m * x_stride + cols, mask=col_ok, other=0.0).to(tl.float32)
-            mask = row_ok[:, None] & col_ok[None, :]
-            w = _weight_tile(w_ptr, w_stride, rows[:, None].to(tl.int64), cols[None, :], mask, KIND, QTYPE)
-            acc += tl.sum(w * xv[None, :], axis=1)
+                cols = k0 + tl.arange(0, BLOCK_K)
+                col_ok = cols < k_hi
+                xv = _load_x(x_ptr, m * x_stride + cols, col_ok, X_FP8)
+                w = _weight_tile(w_ptr, w_stride, rows64[:, None], cols[None, :], row_ok[:, None] & col_ok[None, :], KIND)
+                acc += tl.sum(w * xv[None, :], axis=1)
         if HAS_ROW_SCALE:
             acc = acc * tl.load(row_scale_ptr + rows, mask=row_ok, other=0.0)
         if HAS_TOK_SCALE:
@@ -182,8 +198,8 @@ if HAS_TRITON:
     def _gemm_kernel(
         x_ptr, w_ptr, out_ptr, bias_ptr, row_scale_ptr, tok_scale_ptr,
         M, N, K, x_stride, w_stride, out_stride,
-        KIND: tl.constexpr, QTYPE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ROW_SCALE: tl.constexpr,
-        HAS_TOK_SCALE: tl.constexpr, X_FP8: tl.constexpr,
+        KIND: tl.constexpr, QTYPE: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr,
+        HAS_ROW_SCALE: tl.constexpr, HAS_TOK_SCALE: tl.constexpr, X_FP8: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     ):
         pid_m = tl.program_id(0)
@@ -192,18 +208,23 @@ if HAS_TRITON:
         rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         tok_ok = toks < M
         row_ok = rows < N
+        rows64 = rows.to(tl.int64)
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             cols = k0 + tl.arange(0, BLOCK_K)
             col_ok = cols < K
-            x_mask = tok_ok[:, None] & col_ok[None, :]
-            if X_FP8:
-                xv = _e4m3_decode(tl.load(x_ptr + toks[:, None] * x_stride + cols[None, :], mask=x_mask, other=0).to(tl.int32))
-            else:
-                xv = tl.load(x_ptr + toks[:, None] * x_stride + cols[None, :], mask=x_mask, other=0.0).to(tl.float32)
+            xv = _load_x(x_ptr, toks[:, None] * x_stride + cols[None, :], tok_ok[:, None] & col_ok[None, :], X_FP8)
             # the weight tile transposed: [BLOCK_K, BLOCK_N]
-            w_mask = col_ok[:, None] & row_ok[None, :]
-            w = _weight_tile(w_ptr, w_stride, rows[None, :].to(tl.int64), cols[:, None], w_mask, KIND, QTYPE)
+            if KIND == 0:  # built as [groups, GROUP, BLOCK_N]
+                g_idx = tl.arange(0, BLOCK_K // GROUP)
+                g_ok = k0 + g_idx * GROUP < K
+                w3 = _gguf_groups(
+                    w_ptr, w_stride, rows64[None, None, :], (k0 // GROUP + g_idx)[:, None, None],
+                    tl.arange(0, GROUP)[None, :, None], g_ok[:, None, None] & row_ok[None, None, :], QTYPE,
+                )
+                w = tl.reshape(w3, (BLOCK_K, BLOCK_N))
+            else:
+                w = _weight_tile(w_ptr, w_stride, rows64[None, :], cols[:, None], col_ok[:, None] & row_ok[None, :], KIND)
             acc += tl.dot(xv, w, input_precision="ieee")
         if HAS_ROW_SCALE:
             acc = acc * tl.load(row_scale_ptr + rows, mask=row_ok, other=0.0)[None, :]
@@ -292,7 +313,7 @@ def _launch(
         bias = bias.contiguous()
     dummy = w  # an unused pointer argument (the HAS_* flag is off)
     flags = dict(
-        KIND=kind, QTYPE=qtype, HAS_BIAS=bias is not None, HAS_ROW_SCALE=row_scale is not None,
+        KIND=kind, QTYPE=qtype, GROUP=16 if qtype == Q6_K else 32, HAS_BIAS=bias is not None, HAS_ROW_SCALE=row_scale is not None,
         HAS_TOK_SCALE=tok_scale is not None, X_FP8=x_fp8,
     )
     ptrs = (bias if bias is not None else dummy, row_scale if row_scale is not None else dummy,
