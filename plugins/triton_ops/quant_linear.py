@@ -24,8 +24,9 @@ per program, split along K over enough programs to fill the GPU (partials summed
 atomics); for larger ``M`` a tiled GEMM. Under the interpreter (which truncates float32 ->
 bfloat16 stores) the kernels write float32 and torch rounds to x's dtype. All kernels also run on CPU tensors under
 ``TRITON_INTERPRET=1``, which is how CI checks them against ``gguf.quants.dequantize``
-(``tests/plugins/triton_ops/test_quant_linear.py``). The public ops are ``torch.library``
-custom ops (``host::triton_*``), so ``torch.compile`` sees one opaque node per linear.
+(``tests/plugins/triton_ops/test_quant_linear.py``). These are plain functions: the
+quantization plugin's ``host_quant::*`` custom ops (fake implementations included) look them up
+in the kernel table and call them, so ``torch.compile`` sees one opaque node per linear.
 """
 
 from __future__ import annotations
@@ -49,7 +50,6 @@ GGUF_BLOCKS: dict[int, tuple[int, int]] = {Q4_0: (32, 18), Q4_1: (32, 20), Q8_0:
 GGUF_NAMES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0", Q4_K: "Q4_K", Q6_K: "Q6_K"}
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
-FP8_MIN_AMAX = 1e-12  # an all-zero token row gets this amax, so its scale is not 0 (no 0/0)
 GEMV_MAX_M = 4  # up to this many tokens, the GEMV launch (weights are re-read per token from L2)
 
 
@@ -243,7 +243,8 @@ if HAS_TRITON:
             cols = k0 + tl.arange(0, BLOCK)
             v = tl.load(x_ptr + m * x_stride + cols, mask=cols < K, other=0.0).to(tl.float32)
             amax = tl.maximum(amax, tl.abs(v))
-        scale = tl.maximum(tl.max(amax, axis=0), 1e-12) / 448.0
+        row_max = tl.max(amax, axis=0)
+        scale = tl.where(row_max > 0, row_max / 448.0, 1.0)  # an all-zero row: scale 1
         tl.store(scale_ptr + m, scale)
         for k0 in range(0, K, BLOCK):
             cols = k0 + tl.arange(0, BLOCK)
@@ -358,7 +359,7 @@ def _check_bias(bias: torch.Tensor | None, n: int, op: str) -> None:
         raise ValueError(f"{op}: bias must be [{n}] (one per output row), got {tuple(bias.shape)}")
 
 
-def gguf_linear_triton(
+def gguf_linear(
     x: torch.Tensor, qweight: torch.Tensor, qtype: int, bias: torch.Tensor | None, *, split_k: int | None = None
 ) -> torch.Tensor:
     """``x @ dequantize(qweight)^T + bias`` in x's dtype; ``qweight`` is ``uint8 [N, row_bytes]``
@@ -383,7 +384,7 @@ def gguf_linear_triton(
     return out.reshape(*x.shape[:-1], n)
 
 
-def int8_linear_triton(
+def int8_linear(
     x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None, *, split_k: int | None = None
 ) -> torch.Tensor:
     """``x @ (qweight * scales[:, None])^T + bias`` in x's dtype (``qweight`` int8 [N, K],
@@ -401,9 +402,11 @@ def int8_linear_triton(
 
 def quantize_per_token_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Torch reference of :func:`quantize_per_token`: ``(xq float8_e4m3fn [M, K], sx float32
-    [M, 1])`` with ``sx = max(amax|x row|, 1e-12) / 448`` and ``xq = x / sx`` rounded to nearest."""
+    [M, 1])`` with ``sx = amax|x row| / 448`` (1 for an all-zero row) and ``xq = x / sx`` rounded
+    to nearest even (the quantization plugin's ``quantize_fp8_per_token``)."""
     xf = x.float()
-    sx = xf.abs().amax(dim=-1, keepdim=True).clamp(min=FP8_MIN_AMAX) / FP8_MAX
+    amax = xf.abs().amax(dim=-1, keepdim=True)
+    sx = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
     xq = (xf / sx).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
     return xq, sx
 
@@ -475,46 +478,13 @@ def fp8_linear_scaled_mm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.T
     return out.reshape(*x.shape[:-1], n)
 
 
-def fp8_linear_any(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def fp8_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``fp8_linear``: ``torch._scaled_mm`` where the GPU has fp8 tensor cores and the shape
     suits it (K and N multiples of 16), else :func:`fp8_linear_triton`."""
     n, k = qweight.shape
     if fp8_tensor_cores(x.device) and k % 16 == 0 and n % 16 == 0:
         return fp8_linear_scaled_mm(x, qweight, scales, bias)
     return fp8_linear_triton(x, qweight, scales, bias)
-
-
-# -- torch.library custom ops: what the kernel table holds ------------------------------------
-
-
-@torch.library.custom_op("host::triton_gguf_linear", mutates_args=())
-def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int, bias: torch.Tensor | None) -> torch.Tensor:
-    return gguf_linear_triton(x, qweight, qtype, bias)
-
-
-@gguf_linear.register_fake
-def _(x: torch.Tensor, qweight: torch.Tensor, qtype: int, bias: torch.Tensor | None) -> torch.Tensor:
-    return x.new_empty(*x.shape[:-1], qweight.shape[0])
-
-
-@torch.library.custom_op("host::triton_int8_linear", mutates_args=())
-def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return int8_linear_triton(x, qweight, scales, bias)
-
-
-@int8_linear.register_fake
-def _(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return x.new_empty(*x.shape[:-1], qweight.shape[0])
-
-
-@torch.library.custom_op("host::triton_fp8_linear", mutates_args=())
-def fp8_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return fp8_linear_any(x, qweight, scales, bias)
-
-
-@fp8_linear.register_fake
-def _(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return x.new_empty(*x.shape[:-1], qweight.shape[0])
 
 
 KERNEL_NAME = "triton"
