@@ -456,7 +456,12 @@ def fp8_tensor_cores(device: torch.device) -> bool:
     capability >= 8.9 (not under the interpreter)."""
     if device.type != "cuda" or _interpreting() or getattr(torch.version, "hip", None):
         return False
-    return tuple(torch.cuda.get_device_capability(device)) >= (8, 9)
+    return _capability(device.index if device.index is not None else torch.cuda.current_device()) >= (8, 9)
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(device_index: int) -> tuple[int, int]:
+    return tuple(torch.cuda.get_device_capability(device_index))
 
 
 def fp8_linear_scaled_mm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
