@@ -13,6 +13,9 @@ DTYPE_ALIASES = {"half": "float16", "float": "float32"}
 """vLLM's other spellings of a dtype (``--dtype half``), and the canonical names they mean."""
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 SCHEDULING_POLICIES = ("fcfs", "priority")
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
+"""``--kv-cache-dtype``: ``auto`` keeps K/V in the model dtype; ``fp8`` (alias ``fp8_e4m3``) stores them
+as float8_e4m3fn with a per-layer scale (docs/quantization.md, "fp8 KV cache")."""
 
 
 @dataclass
@@ -86,6 +89,44 @@ class CacheConfig:
             raise ValueError(f"kv_cache_memory={self.kv_cache_memory} must be a positive byte count")
         if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 2:
             raise ValueError(f"num_gpu_blocks_override={self.num_gpu_blocks_override} must be >= 2")
+        if self.cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype={self.cache_dtype!r} is not supported; use one of {', '.join(KV_CACHE_DTYPES)} "
+                "(auto: the model dtype; fp8 = fp8_e4m3: float8_e4m3fn pages)"
+            )
+
+
+@dataclass
+class QuantizationConfig:
+    """Which quantization method the weights use (resolved per layer in the engine process into
+    ``plan``, see :mod:`host.core.models.quant_plan`).
+
+    ``quantization``: a registered method name, ``"none"`` (off; a GGUF is dequantized), or
+    ``None`` (the checkpoint decides: its ``quantization_config``, a GGUF's blocks, else none).
+    ``ignore``: layers left in float; ``targets``: layer pattern -> method for those layers.
+    Patterns are exact names, ``re:<regex>`` or fnmatch patterns.
+    """
+
+    quantization: str | None = None
+    ignore: list[str] = field(default_factory=list)
+    targets: dict[str, str] = field(default_factory=dict)
+    # resolved at start-up (QuantPlan)
+    plan: Any = None
+
+    def __post_init__(self) -> None:
+        from host.core.models.quant_plan import compile_pattern
+
+        if self.quantization is not None and (not isinstance(self.quantization, str) or not self.quantization):
+            raise ValueError(f"quantization={self.quantization!r} must be a method name, 'none', or unset")
+        if isinstance(self.ignore, str) or not all(isinstance(p, str) for p in self.ignore):
+            raise ValueError(f"quantization ignore={self.ignore!r} must be a list of layer names or patterns")
+        if not isinstance(self.targets, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in self.targets.items()):
+            raise ValueError(
+                f"quantization targets={self.targets!r} must map layer patterns to method names, "
+                "e.g. {\"re:.*mlp.*\": \"int8\"}"
+            )
+        for pattern in [*self.ignore, *self.targets]:
+            compile_pattern(pattern)  # a bad re: pattern fails here, at config time
 
 
 @dataclass
@@ -227,6 +268,7 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    quant: QuantizationConfig = field(default_factory=QuantizationConfig)
     attention_backend: str | None = None
     device: str = "auto"
     # the -O level and the flags that override it (resolved by the platform at start-up)

@@ -17,6 +17,7 @@ from typing import Any
 from host.core.config import (
     DTYPE_ALIASES,
     DTYPES,
+    KV_CACHE_DTYPES,
     LOAD_FORMATS,
     SCHEDULING_POLICIES,
     CacheConfig,
@@ -25,6 +26,7 @@ from host.core.config import (
     LoadConfig,
     ModelConfig,
     ParallelConfig,
+    QuantizationConfig,
     SchedulerConfig,
 )
 
@@ -72,6 +74,17 @@ def _platform_dtype(dtype: str, platform: Any) -> str:
     return chosen
 
 
+def _quantization_config(quantization: str | None, extra: dict | None) -> QuantizationConfig:
+    extra = dict(extra or {})
+    unknown = sorted(set(extra) - {"ignore", "targets"})
+    if unknown:
+        raise ValueError(
+            f"quantization_config keys {', '.join(unknown)} are not known; use "
+            '{"ignore": [layer patterns], "targets": {pattern: method}}'
+        )
+    return QuantizationConfig(quantization, list(extra.get("ignore", [])), dict(extra.get("targets", {})))
+
+
 @dataclass
 class EngineArgs:
     """Every engine flag, with the defaults ``host generate`` / ``LLM(...)`` use."""
@@ -94,10 +107,23 @@ class EngineArgs:
         20, help="most logprobs a request may ask for (logprobs, top_logprobs, prompt_logprobs); -1: no limit"
     )
     load_format: str = flag("auto", help="how weights are read (dummy: random weights)", choices=LOAD_FORMATS)
+    quantization: str | None = flag(
+        help="weight quantization method: a registered host.quantization method (built in: gguf, int8, fp8) or none",
+        short="-q", parse="quantization",
+        default_text="the checkpoint's: its quantization_config, a GGUF's blocks kept as stored, else none",
+    )
+    quantization_config: dict | None = flag(
+        help='per-layer quantization as JSON: {"ignore": [layer patterns], "targets": {pattern: method}}',
+        parse="json", default_text="every layer uses the method",
+    )
     block_size: int = flag(16, help="tokens per KV block")
     enable_prefix_caching: bool = flag(True, help="reuse cached prompt blocks")
     kv_cache_memory: int | None = flag(help="KV cache budget in bytes (1GiB, 512MiB on the command line)", parse="bytes")
     gpu_memory_utilization: float = flag(0.9, help="fraction of device memory the engine may use")
+    kv_cache_dtype: str = flag(
+        "auto", choices=KV_CACHE_DTYPES,
+        help="KV cache element type (auto: the model dtype; fp8 = fp8_e4m3: float8_e4m3fn pages with a per-layer scale, half the bytes of bfloat16)",
+    )
     num_gpu_blocks_override: int | None = flag(help="fix the number of KV blocks (tests)")
     max_num_seqs: int = flag(128, help="requests per step")
     max_num_batched_tokens: int | None = flag(
@@ -188,6 +214,7 @@ class EngineArgs:
                 kv_cache_memory=self.kv_cache_memory,
                 gpu_memory_utilization=self.gpu_memory_utilization,
                 num_gpu_blocks_override=self.num_gpu_blocks_override,
+                cache_dtype=self.kv_cache_dtype,
             ),
             scheduler=SchedulerConfig(
                 max_num_seqs=self.max_num_seqs,
@@ -199,6 +226,7 @@ class EngineArgs:
                 async_scheduling=self.async_scheduling if self.async_scheduling is not None else platform.device_type != "cpu",
             ),
             parallel=ParallelConfig(distributed_executor_backend=self.distributed_executor_backend),
+            quant=_quantization_config(self.quantization, self.quantization_config),
             attention_backend=self.attention_backend,
             device=platform.device_type,
             compilation=CompilationConfig(

@@ -158,6 +158,18 @@ class Platform:
         tensors in ``output``. The caller warms ``fn`` up before capturing."""
         raise NotImplementedError(f"platform {self.name!r} cannot capture device graphs")
 
+    def get_device_capability(self, device_id: int = 0) -> int | None:
+        """The device's compute capability as ``major * 10 + minor`` (89 for sm_89), ``None``
+        where the notion does not apply (CPU) or no device is visible."""
+        if self.device_type != "cuda":
+            return None
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        major, minor = torch.cuda.get_device_capability(device_id)
+        return major * 10 + minor
+
     def get_device_communicator_cls(self) -> str | None:
         """The qualified name of the class doing collective communication, if any."""
         return None

@@ -32,6 +32,7 @@ class EngineCore:
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
+        self._resolve_quantization()
         self.executor = self._make_executor()
         self.kv_cache_config = self._initialize_kv_cache()
         self.kv_cache_manager = KVCacheManager(
@@ -46,6 +47,14 @@ class EngineCore:
         self._in_flight: tuple[SchedulerOutput, Any] | None = None
         if self.async_scheduling:
             logger.info("Asynchronous scheduling: each step is planned while the previous one runs")
+
+    def _resolve_quantization(self) -> None:
+        """Decide each layer's quantization method once, here, for every worker (``config.quant.plan``)."""
+        from host.core.models.quant_plan import registered_methods, resolve_quant_plan
+        from host.core.plugins.platform import current_platform
+
+        if self.config.quant.plan is None:
+            self.config.quant.plan = resolve_quant_plan(self.config, registered_methods(), current_platform())
 
     def _make_executor(self) -> Any:
         """The executor plugin named by ``--distributed-executor-backend``, with its workers up."""

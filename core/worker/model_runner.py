@@ -66,16 +66,20 @@ class ModelRunner:
 
     def load_model(self) -> None:
         from host.core.models.loader import load_model
+        from host.core.models.quant_linear import weight_bytes
         from host.core.worker.attention_selector import select_attention_backend
 
         self.dtype = getattr(torch, self.config.model.dtype)  # resolved by EngineArgs
         self.attn_backend = select_attention_backend(self.config, self.platform, self.config.model.hf_config, self.dtype)
         self.model, self.hf_config = load_model(
-            self.config.model, self.config.load, self.attn_backend, device=self.device
+            self.config.model, self.config.load, self.attn_backend, device=self.device,
+            quant_plan=getattr(self.config, "quant", None) and self.config.quant.plan,
         )
         self.model.eval()
-        self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        self.weight_bytes = weight_bytes(self.model)
         self.platform.prepare_model(self.model, self.config)
+        # what the weights occupy once the platform has prepared them (repacked copies included)
+        self.resident_weight_bytes = weight_bytes(self.model)
         self.sampler = Sampler(draw_kernel=self.platform.sampling_kernel(self.config))
         self._maybe_compile()
         logger.info(
@@ -118,16 +122,26 @@ class ModelRunner:
         from host.core.kv_cache.spec import FullAttentionSpec, SlidingWindowSpec
 
         window = getattr(self.hf_config, "sliding_window", None) if getattr(self.hf_config, "use_sliding_window", False) else None
+        kv_dtype = str(self.kv_cache_dtype).removeprefix("torch.")
         specs = []
         for _ in range(self.num_layers):
             if window:
-                specs.append(SlidingWindowSpec(self.block_size, self.num_kv_heads, self.head_size, self.config.model.dtype, sliding_window=int(window)))
+                specs.append(SlidingWindowSpec(self.block_size, self.num_kv_heads, self.head_size, kv_dtype, sliding_window=int(window)))
             else:
-                specs.append(FullAttentionSpec(self.block_size, self.num_kv_heads, self.head_size, self.config.model.dtype))
+                specs.append(FullAttentionSpec(self.block_size, self.num_kv_heads, self.head_size, kv_dtype))
         return specs
 
+    @property
+    def kv_cache_dtype(self) -> torch.dtype:
+        """The element type of the KV pages: the model dtype, or float8_e4m3fn for
+        ``--kv-cache-dtype fp8`` (:func:`host.core.kv_cache.spec.kv_cache_element_dtype`)."""
+        from host.core.kv_cache.spec import kv_cache_element_dtype
+
+        return getattr(torch, kv_cache_element_dtype(self.config.cache.cache_dtype, str(self.dtype)))
+
     def model_memory_bytes(self) -> int:
-        """Bytes of the model's weights as loaded (before any platform repacking)."""
+        """Bytes of the model's weights as loaded (quantized blocks and scales included, before
+        any platform repacking): what one forward streams."""
         return self.weight_bytes
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
@@ -135,7 +149,7 @@ class ModelRunner:
         assert self.attn_backend is not None
         shape = self.attn_backend.get_kv_cache_shape(num_blocks, self.block_size, self.num_kv_heads, self.head_size)
         per_layer = int(np.prod(shape))
-        self.kv_buffer = torch.zeros(per_layer * self.num_layers, dtype=self.dtype, device=self.device)
+        self.kv_buffer = torch.zeros(per_layer * self.num_layers, dtype=self.kv_cache_dtype, device=self.device)
         self.kv_caches = [
             self.kv_buffer[i * per_layer : (i + 1) * per_layer].view(shape) for i in range(self.num_layers)
         ]

@@ -73,7 +73,7 @@ def _option(field: dataclasses.Field) -> inspect.Parameter:
         annotation, decls = Optional[bool], [f"{name}/--no-{name[2:]}", *shorts]
     elif meta["parse"] is not None:
         annotation, decls = Optional[str], [name, *shorts]
-        extra["metavar"] = {"bytes": "SIZE", "graph_sizes": "SIZES"}[meta["parse"]]
+        extra["metavar"] = {"bytes": "SIZE", "graph_sizes": "SIZES", "quantization": "METHOD", "json": "JSON"}[meta["parse"]]
     elif meta["choices"] is not None:
         annotation, decls = Optional[Literal[tuple(meta["choices"])]], [name, *shorts]
     elif kind in (int, float, str):
@@ -147,9 +147,41 @@ def _parse_graph_sizes(field: dataclasses.Field, value: str) -> dict[str, Any]:
         ) from None
 
 
+def _parse_quantization(field: dataclasses.Field, value: str) -> dict[str, Any]:
+    """A registered quantization method (third-party ones included: the ``host.quantization`` group
+    is loaded here to list them) or ``none``."""
+    from host.core.models.quant_plan import registered_methods
+
+    names = registered_methods()
+    text = value.strip()
+    if text.lower() == "none":
+        return {field.name: "none"}
+    if text not in names:
+        raise typer.BadParameter(
+            f"{value!r} is not a registered quantization method; choose one of {', '.join(sorted(names)) or '(none registered)'} "
+            "or none (host plugins list shows the host.quantization plugins)",
+            param_hint=flag_name(field),
+        )
+    return {field.name: text}
+
+
+def _parse_json(field: dataclasses.Field, value: str) -> dict[str, Any]:
+    import json
+
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise typer.BadParameter(f"{value!r} is not JSON ({exc})", param_hint=flag_name(field)) from None
+    if not isinstance(parsed, dict):
+        raise typer.BadParameter(f"{value!r} must be a JSON object", param_hint=flag_name(field))
+    return {field.name: parsed}
+
+
 _PARSERS: dict[str, Callable[[dataclasses.Field, str], dict[str, Any]]] = {
     "bytes": _parse_bytes,
     "graph_sizes": _parse_graph_sizes,
+    "quantization": _parse_quantization,
+    "json": _parse_json,
 }
 
 

@@ -135,8 +135,9 @@ def platform_cmd(
     except (PlatformResolutionError, PluginError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=1)
+    methods = _quantization_rows(host, res.platform)
     if as_json:
-        typer.echo(json.dumps(res.to_dict(), indent=2))
+        typer.echo(json.dumps({**res.to_dict(), "quantization_methods": methods}, indent=2))
         return
     console = Console()
     console.print(f"[bold]{res.platform.name}[/bold]: {res.reason}")
@@ -149,4 +150,33 @@ def platform_cmd(
         why = "; ".join(x for x in (p.reason, p.error) if x)
         table.add_row(p.name, p.plugin.split(":", 1)[-1], "builtin" if p.builtin else "third-party", str(p.detected), why)
     console.print(table)
+    quant = Table(title="quantization methods (--quantization)")
+    for col in ("method", "plugin", "what", "runs here"):
+        quant.add_column(col)
+    for m in methods:
+        here = "; ".join(f"{dtype}: {'yes' if why is None else why}" for dtype, why in m["runs_here"].items())
+        quant.add_row(m["name"], m["plugin"], m["summary"], here)
+    console.print(quant)
     sys.stdout.flush()
+
+
+def _quantization_rows(host: PluginHost, platform: Any) -> list[dict[str, Any]]:
+    """Every registered quantization method, and whether it runs on ``platform`` in each of its dtypes."""
+    from host.core.models.quant_plan import unsupported_reason
+    from host.hooks.quantization import GROUP
+
+    host.load_groups([GROUP], raise_on_fatal=False)
+    try:
+        registry = host.registry("quantization_methods")
+    except PluginError as exc:
+        typer.echo(f"warning: quantization methods: {exc}", err=True)
+        return []
+    rows = []
+    for name, cls in sorted(registry.items()):
+        rows.append({
+            "name": name,
+            "plugin": host.registry_owner("quantization_methods", name).split(":", 1)[-1],
+            "summary": getattr(cls, "summary", ""),
+            "runs_here": {d: unsupported_reason(cls, platform, d) for d in platform.supported_dtypes},
+        })
+    return rows

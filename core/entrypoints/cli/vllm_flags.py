@@ -8,11 +8,11 @@ A script written for ``vllm serve`` passes flags such as ``--trust-remote-code``
   (never silently), and the server starts;
 - *refused*: a usage error (exit code 2) naming the flag, the reason and what to do instead;
 - *a value host already runs with* (``accept``): ``--tensor-parallel-size 1`` or
-  ``--kv-cache-dtype auto`` describe what host does anyway and start without a line; any other
+  ``--tokenizer-mode auto`` describe what host does anyway and start without a line; any other
   value is refused (or only logged, for flags whose other values merely do not apply).
 
 The vLLM flags host implements are ordinary options (engine flags such as ``--seed``,
-``--max-logprobs``, ``--dtype half``, ``--enable-chunked-prefill``, or ``host serve``'s own,
+``--max-logprobs``, ``--dtype half``, ``--kv-cache-dtype fp8``, ``--enable-chunked-prefill``, or ``host serve``'s own,
 such as ``--chat-template``, ``--uvicorn-log-level``, ``--ssl-certfile``, ``--root-path``); docs/openai_api.md lists all of them with their status.
 :func:`with_vllm_flags` gives a command these options, received as one parameter
 ``vllm_flags`` (``{flag: value}`` of those given); :func:`log_vllm_flags` writes their lines.
@@ -96,10 +96,6 @@ VLLM_FLAGS: tuple[VllmFlag, ...] = (
     VllmFlag("--pipeline-parallel-size", "host runs a model on one device; use 1 or drop the flag", takes_value=True, refuse=True, accept=("1",)),
     VllmFlag("--data-parallel-size", "host runs one engine per server; start several servers behind a load balancer",
              takes_value=True, refuse=True, accept=("1",)),
-    VllmFlag("--kv-cache-dtype", "host keeps the KV cache in the model dtype; use auto or drop the flag",
-             takes_value=True, refuse=True, accept=("auto",)),
-    VllmFlag("--quantization", "host picks a quantization from the checkpoint's quantization_config; drop the flag",
-             takes_value=True, refuse=True),
     VllmFlag("--enable-lora", "host serves no LoRA adapters; merge the adapter into the weights", refuse=True),
     VllmFlag("--lora-modules", "host serves no LoRA adapters; merge the adapter into the weights", takes_value=True, refuse=True),
     VllmFlag("--limit-mm-per-prompt", "host serves text-only models", takes_value=True, refuse=True),

@@ -1,0 +1,66 @@
+"""``int8``: weight-only int8 with one scale per output channel, quantized at load (online).
+
+Any float checkpoint (fp32, bf16, fp16, or a GGUF dequantized first): each weight row ``w`` becomes
+``round(w / s)`` clamped to [-127, 127] with ``s = max|w| / 127``. Activations stay in the model
+dtype; the kernel computes ``x @ (q * s)^T``. Every decoder linear is quantized; the LM head and
+the embedding stay in float (as vLLM's weight-only methods do).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from host.plugins.quantization import ops
+from host.sdk.quantization import LinearMethod, QuantizationMethod
+
+INT8_MAX = 127.0
+
+
+def quantize_int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(q int8 [N, K], scales float32 [N])`` with ``weight ~= q * scales[:, None]`` (zero rows: scale 1)."""
+    w = weight.float()
+    amax = w.abs().amax(dim=1)
+    scales = torch.where(amax > 0, amax / INT8_MAX, torch.ones_like(amax))
+    q = torch.round(w / scales.unsqueeze(1)).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
+    return q, scales
+
+
+def _float(tensor: Any) -> torch.Tensor:
+    if hasattr(tensor, "dequantize") and not isinstance(tensor, torch.Tensor):
+        return tensor.dequantize(torch.float32)
+    return tensor
+
+
+class Int8LinearMethod(LinearMethod):
+    scheme = "int8"
+
+    def create_weights(self, layer: Any, input_size: int, output_sizes: list[int], params_dtype: torch.dtype) -> None:
+        n = sum(output_sizes)
+        layer.register_buffer("qweight", torch.zeros(n, input_size, dtype=torch.int8), persistent=False)
+        layer.register_buffer("scales", torch.ones(n, dtype=torch.float32), persistent=False)
+
+    def load_weight(self, layer: Any, shard: int, tensor: Any) -> None:
+        rows = layer.shard_slice(shard)
+        q, scales = quantize_int8_rows(_float(tensor).to(layer.qweight.device))
+        layer.qweight[rows] = q
+        layer.scales[rows] = scales
+
+    def apply(self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        x2 = x.reshape(-1, x.shape[-1])
+        y = ops.int8_linear(x2, layer.qweight, layer.scales, bias)
+        return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+class Int8Method(QuantizationMethod):
+    name = "int8"
+    online = True
+    summary = "int8 weights, per-output-channel scales, quantized at load"
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> "Int8Method":
+        return cls()
+
+    def get_linear_method(self, layer_name: str) -> Int8LinearMethod | None:
+        return None if layer_name == "lm_head" else Int8LinearMethod()
