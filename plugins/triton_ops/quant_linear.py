@@ -467,20 +467,20 @@ def _capability(device_index: int) -> tuple[int, int]:
 def fp8_linear_scaled_mm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """The fp8 product on fp8 tensor cores: :func:`quantize_per_token` (Triton) then
     ``torch._scaled_mm`` with row-wise scales (``sx`` [M, 1], ``scales`` [1, N]). Row-wise
-    scaling produces bfloat16; a float16 / float32 ``x`` gets that result converted."""
+    scaling produces bfloat16; the bias is added in float32 afterwards and the sum rounded to
+    x's dtype (``_scaled_mm``'s own bias argument is left alone: which dtypes it takes with
+    row-wise scales differs between torch versions)."""
     x2 = _check_fp8(x, qweight, scales, bias)
     n = qweight.shape[0]
+    if x2.shape[0] == 0:
+        return x.new_empty(*x.shape[:-1], n)
     xq, sx = quantize_per_token(x2)
     out = torch._scaled_mm(
-        xq, qweight.t(), scale_a=sx, scale_b=scales.reshape(1, n).float().contiguous(),
-        bias=bias.to(torch.bfloat16) if bias is not None and x.dtype == torch.bfloat16 else None,
-        out_dtype=torch.bfloat16,
+        xq, qweight.t(), scale_a=sx, scale_b=scales.reshape(1, n).float().contiguous(), out_dtype=torch.bfloat16,
     )
-    if x.dtype != torch.bfloat16:
-        out = out.to(x.dtype)
-        if bias is not None:
-            out = out + bias.to(x.dtype)
-    return out.reshape(*x.shape[:-1], n)
+    if bias is not None:
+        out = out.float() + bias.float()
+    return out.to(x.dtype).reshape(*x.shape[:-1], n)
 
 
 def fp8_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
