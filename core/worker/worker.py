@@ -73,7 +73,7 @@ class Worker:
             # no point holding more than every sequence slot filled to max_model_len (plus the
             # same again for prefix-cache reuse): a tiny model would otherwise get 2 GiB
             runner = self.model_runner
-            token_bytes = 2 * runner.num_layers * runner.num_kv_heads * runner.head_size * runner.dtype.itemsize
+            token_bytes = 2 * runner.num_layers * runner.num_kv_heads * runner.head_size * runner.kv_cache_dtype.itemsize
             useful = 2 * self.config.scheduler.max_num_seqs * self.config.scheduler.max_model_len * token_bytes
             return max(0, min(budget, CPU_DEFAULT_KV_BYTES, useful))
         return self._profile_device_memory()

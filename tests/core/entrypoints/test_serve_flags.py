@@ -28,7 +28,7 @@ IMPLEMENTED = [
     "--enable-prompt-tokens-details", "--enable-tokenizer-info-endpoint", "--enable-server-load-tracking",
     "--chat-template", "{{ messages[0]['content'] }}", "--trust-request-chat-template", "--max-queued-requests", "8",
     "--uvicorn-log-level", "WARNING", "--disable-uvicorn-access-log", "--root-path", "/llm", "--disable-fastapi-docs",
-    "--ssl-keyfile", "key.pem", "--ssl-certfile", "cert.pem",
+    "--ssl-keyfile", "key.pem", "--ssl-certfile", "cert.pem", "--kv-cache-dtype", "fp8",
 ]
 # accepted without effect: each logs one line
 NO_EFFECT = [
@@ -59,6 +59,7 @@ def test_a_vllm_launch_scripts_flags_are_accepted(serve, caplog):
     engine = call["engine_kwargs"]
     assert engine["seed"] == 7 and engine["max_logprobs"] == 5 and engine["dtype"] == "half"
     assert engine["enable_chunked_prefill"] is True and engine["enforce_eager"] is True and engine["max_num_seqs"] == 16
+    assert engine["kv_cache_dtype"] == "fp8"
     api = call["api_settings"]
     assert api["chat_template"] == "{{ messages[0]['content'] }}"
     assert api["enable_tokenizer_info_endpoint"] and api["enable_server_load_tracking"] and api["enable_prompt_tokens_details"]
@@ -83,7 +84,6 @@ def test_values_host_runs_with_anyway_start_without_a_line(serve, caplog):
 
 @pytest.mark.parametrize("args, reason", [
     (["--tensor-parallel-size", "2"], "host runs a model on one device"),
-    (["--kv-cache-dtype", "fp8"], "KV cache in the model dtype"),
     (["--enable-lora"], "no LoRA adapters"),
     (["--tool-parser-plugin", "my_parser.py"], "host.tool_parsers"),
 ])
@@ -92,6 +92,13 @@ def test_flags_host_cannot_honour_are_refused_with_the_reason(serve, args, reaso
     assert result.exit_code == 2 and call is None
     text = " ".join(result.output.split())
     assert f"{' '.join(args)} is not supported" in text and reason in text, result.output
+
+
+def test_an_unknown_kv_cache_dtype_is_refused_naming_the_choices(serve):
+    result, call = serve("--kv-cache-dtype", "fp8_e5m2")
+    assert result.exit_code == 2 and call is None
+    text = " ".join(result.output.split())
+    assert "fp8_e5m2" in text and "fp8_e4m3" in text, result.output
 
 
 def test_https_needs_both_the_key_and_the_certificate(serve):
