@@ -49,6 +49,12 @@ def engine(path: str, **kwargs) -> LLM:
     return LLM(path, skip_tokenizer_init=True, max_model_len=256, kv_cache_memory=BUDGET, **kwargs)
 
 
+@pytest.fixture(scope="module")
+def engines(tiny) -> dict[str, LLM]:
+    """One engine per cache dtype, default batching (prefix caching on), shared by the tests."""
+    return {"fp8": engine(tiny[0], kv_cache_dtype="fp8"), "auto": engine(tiny[0])}  # CPU: auto is float32
+
+
 def prompts(seed: int = 0) -> list[list[int]]:
     rng = random.Random(seed)
     shared = [rng.randrange(3, 512) for _ in range(40)]
@@ -57,14 +63,17 @@ def prompts(seed: int = 0) -> list[list[int]]:
     ]
 
 
-def greedy(llm: LLM, batch: list[list[int]]) -> list[list[int]]:
+def greedy(llm: LLM, batch: list[list[int]], cached: list[int] | None = None) -> list[list[int]]:
+    """Greedy tokens per prompt; ``cached`` collects each prompt's prefix-cache hit (tokens)."""
     params = SamplingParams(max_tokens=MAX_NEW, temperature=0.0, ignore_eos=True)
-    return [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in batch], params)]
+    outs = llm.generate([{"prompt_token_ids": p} for p in batch], params)
+    if cached is not None:
+        cached.extend(o.num_cached_tokens for o in outs)
+    return [list(o.outputs[0].token_ids) for o in outs]
 
 
-def test_fp8_pages_and_block_count(tiny):
-    path, _ = tiny
-    fp8, full = engine(path, kv_cache_dtype="fp8"), engine(path)  # CPU: the model dtype is float32
+def test_fp8_pages_and_block_count(engines):
+    fp8, full = engines["fp8"], engines["auto"]
     runner = fp8.engine.executor.worker.model_runner
     assert runner.kv_buffer.dtype == torch.float8_e4m3fn and runner.kv_caches[0].dtype == torch.float8_e4m3fn
     assert full.engine.executor.worker.model_runner.kv_buffer.dtype == torch.float32
@@ -74,29 +83,28 @@ def test_fp8_pages_and_block_count(tiny):
 
 
 @pytest.mark.parametrize("chunk", [None, 16])
-def test_greedy_equals_hf_with_e4m3_rounded_kv(tiny, chunk):
+def test_greedy_equals_hf_with_e4m3_rounded_kv(tiny, engines, chunk):
     """Prompts sharing a 40-token prefix, run twice (the second time from the prefix cache), with
     and without 16-token prefill chunks."""
     path, reference = tiny
-    extra = {"max_num_batched_tokens": chunk, "enable_chunked_prefill": True} if chunk else {}
-    llm = engine(path, kv_cache_dtype="fp8_e4m3", **extra)
+    llm = engine(path, kv_cache_dtype="fp8_e4m3", max_num_batched_tokens=chunk) if chunk else engines["fp8"]
     batch = prompts()
     expected = [hf_greedy(reference, p, MAX_NEW) for p in batch]
     first = greedy(llm, batch)
-    again = greedy(llm, batch)  # whole prompts in the prefix cache now
+    hits: list[int] = []
+    again = greedy(llm, batch, hits)  # the prompts' full blocks come from the prefix cache now
+    assert all(h >= 16 * ((len(p) - 1) // 16) for h, p in zip(hits, batch)), hits
     assert first == expected
     assert again == expected
 
 
-def test_agreement_with_the_float32_cache(tiny, capsys):
+def test_agreement_with_the_float32_cache(engines, capsys):
     """fp8 KV against the model-dtype cache, position by position: reported, and most agree. A
     tiny random model's next-token distribution is flat (margins far below a real model's), so
     e4m3's 3 mantissa bits flip some greedy picks and the continuations part; the measured
     agreement here is 30/40 tokens. Garbage pages would agree on almost none."""
-    path, _ = tiny
     batch = prompts(seed=3)
-    fp8 = greedy(engine(path, kv_cache_dtype="fp8"), batch)
-    full = greedy(engine(path), batch)
+    fp8, full = greedy(engines["fp8"], batch), greedy(engines["auto"], batch)
     same = sum(a == b for x, y in zip(fp8, full) for a, b in zip(x, y))
     total = sum(len(x) for x in full)
     with capsys.disabled():
