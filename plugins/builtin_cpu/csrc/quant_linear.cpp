@@ -20,6 +20,11 @@
 // dequantized once and used for every row of x); more rows dequantize a panel of weight rows
 // into float32 (it stays in L2) and multiply it with at::mm.
 
+// the AVX2 paths below also use F16C (half -> float conversions)
+#if defined(HOST_AVX2) && defined(__F16C__)
+#define HOST_QAVX2 1
+#endif
+
 namespace quant {
 
 constexpr int64_t SMALL_M = 8;
@@ -130,51 +135,52 @@ static inline float group_scalar(const uint8_t* row, int64_t g, float* w) {
   }
 }
 
-#ifdef HOST_AVX2
-// 16 bytes -> 2 x 8 floats (sign-extended)
+#ifdef HOST_QAVX2
+// 16 bytes in a register -> 2 x 8 floats (sign-extended)
 static inline void cvt16(__m128i v, __m256* out) {
   out[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
   out[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8)));
 }
 
-// ---- AVX2 group decoders: group g of a row -> w[4] (8 floats each, scaled), returns b ----
-template <int64_t QT>
-static inline float group_avx2(const uint8_t* row, int64_t g, __m256* w) {
+// 8 bytes at p, zero-extended to 8 int32 lanes (one vpmovzxbd with its load folded in)
+static inline __m256i load8u(const uint8_t* p) {
+  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
+
+// ---- AVX2 group decoders: group g of a row -> w[4] (8 floats each) holding the integer
+// levels, and their scales: value = w[i] * (i < 2 ? d0 : d1) + b; returns b ----
+template <int64_t QT, bool S = true>
+static inline float group_avx2(const uint8_t* row, int64_t g, __m256* w, float& d0, float& d1) {
   if constexpr (QT == Q4_0 || QT == Q4_1) {
     const uint8_t* b = row + g * (QT == Q4_0 ? 18 : 20);
-    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + (QT == Q4_0 ? 2 : 4)));
-    const __m128i mask = _mm_set1_epi8(0x0f);
-    __m128i lo = _mm_and_si128(q, mask), hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
-    if constexpr (QT == Q4_0) {
-      lo = _mm_sub_epi8(lo, _mm_set1_epi8(8));
-      hi = _mm_sub_epi8(hi, _mm_set1_epi8(8));
-    }
-    cvt16(lo, w);
-    cvt16(hi, w + 2);
-    const __m256 d = _mm256_set1_ps(f16(b));
-    for (int i = 0; i < 4; ++i) w[i] = _mm256_mul_ps(w[i], d);
-    return QT == Q4_1 ? f16(b + 2) : 0.f;
+    const uint8_t* q = b + (QT == Q4_0 ? 2 : 4);
+    const __m256i lo = load8u(q), hi = load8u(q + 8), mask = _mm256_set1_epi32(0x0f);
+    w[0] = _mm256_cvtepi32_ps(_mm256_and_si256(lo, mask));  // values 0..7
+    w[1] = _mm256_cvtepi32_ps(_mm256_and_si256(hi, mask));  // values 8..15
+    w[2] = _mm256_cvtepi32_ps(_mm256_srli_epi32(lo, 4));    // values 16..23
+    w[3] = _mm256_cvtepi32_ps(_mm256_srli_epi32(hi, 4));    // values 24..31
+    if constexpr (!S) return 0.f;
+    d0 = d1 = f16(b);
+    return QT == Q4_1 ? f16(b + 2) : -8.f * d0;
   } else if constexpr (QT == Q8_0 || QT == INT8) {
     const uint8_t* q = QT == Q8_0 ? row + g * 34 + 2 : row + g * 32;
-    cvt16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)), w);
-    cvt16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)), w + 2);
-    if constexpr (QT == Q8_0) {
-      const __m256 d = _mm256_set1_ps(f16(row + g * 34));
-      for (int i = 0; i < 4; ++i) w[i] = _mm256_mul_ps(w[i], d);
-    }
+    for (int i = 0; i < 4; ++i)
+      w[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8 * i))));
+    if constexpr (S) d0 = d1 = QT == Q8_0 ? f16(row + g * 34) : 1.f;
     return 0.f;
   } else if constexpr (QT == Q4_K) {
     const uint8_t* b = row + (g / 8) * 144;
     const int j = static_cast<int>(g % 8);
+    const uint8_t* q = b + 16 + (j / 2) * 32;
+    const __m256i mask = _mm256_set1_epi32(0x0f);
+    for (int i = 0; i < 4; ++i) {
+      const __m256i v = load8u(q + 8 * i);
+      w[i] = _mm256_cvtepi32_ps(j % 2 ? _mm256_srli_epi32(v, 4) : _mm256_and_si256(v, mask));
+    }
+    if constexpr (!S) return 0.f;
     int sc, mn;
     k4_scale_min(b + 4, j, sc, mn);
-    __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + (j / 2) * 32));
-    if (j % 2) q = _mm256_srli_epi16(q, 4);
-    q = _mm256_and_si256(q, _mm256_set1_epi8(0x0f));
-    cvt16(_mm256_castsi256_si128(q), w);
-    cvt16(_mm256_extracti128_si256(q, 1), w + 2);
-    const __m256 d = _mm256_set1_ps(f16(b) * static_cast<float>(sc));
-    for (int i = 0; i < 4; ++i) w[i] = _mm256_mul_ps(w[i], d);
+    d0 = d1 = f16(b) * static_cast<float>(sc);
     return -f16(b + 2) * static_cast<float>(mn);
   } else {  // Q6_K
     const uint8_t* b = row + (g / 8) * 210;
@@ -193,47 +199,119 @@ static inline float group_avx2(const uint8_t* row, int64_t g, __m256* w) {
     const __m256i q = _mm256_sub_epi8(_mm256_or_si256(ql, qh), _mm256_set1_epi8(32));
     cvt16(_mm256_castsi256_si128(q), w);
     cvt16(_mm256_extracti128_si256(q, 1), w + 2);
+    if constexpr (!S) return 0.f;
     const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192) + h * 8 + s * 2;
     const float d = f16(b + 208);
-    const __m256 d0 = _mm256_set1_ps(d * static_cast<float>(sc[0])), d1 = _mm256_set1_ps(d * static_cast<float>(sc[1]));
-    w[0] = _mm256_mul_ps(w[0], d0);
-    w[1] = _mm256_mul_ps(w[1], d0);
-    w[2] = _mm256_mul_ps(w[2], d1);
-    w[3] = _mm256_mul_ps(w[3], d1);
+    d0 = d * static_cast<float>(sc[0]);
+    d1 = d * static_cast<float>(sc[1]);
     return 0.f;
   }
 }
 #endif
 
 template <int64_t QT>
-constexpr bool has_offset() { return QT == Q4_1 || QT == Q4_K; }
+constexpr bool has_offset() { return QT == Q4_0 || QT == Q4_1 || QT == Q4_K; }
+
+constexpr int64_t CHUNK = 64;  // groups whose scales row_dot converts at once
+
+#ifdef HOST_QAVX2
+// The scales (dv; two per group for Q6_K) and offsets (bv) of groups g0 .. g0 + n - 1 of a row
+// (n <= CHUNK): value = level * d + b, as group_avx2 returns them.
+template <int64_t QT>
+static inline void row_scales(const uint8_t* row, int64_t g0, int64_t n, float* dv, float* bv) {
+  if constexpr (QT == Q4_0 || QT == Q4_1 || QT == Q8_0) {
+    // one gather fetches the 4 leading bytes (d, and m for Q4_1) of 8 blocks; the halves are
+    // packed into one register and converted together
+    constexpr int bytes = QT == Q4_0 ? 18 : (QT == Q4_1 ? 20 : 34);
+    const uint8_t* b = row + g0 * bytes;
+    const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(bytes));
+    const __m256i lo16 = _mm256_set1_epi32(0xffff);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      const __m256i v = _mm256_i32gather_epi32(reinterpret_cast<const int*>(b + i * bytes), idx, 1);
+      // [d0..3, m0..3 | d4..7, m4..7] -> [d0..7 | m0..7]
+      const __m256i packed = _mm256_permute4x64_epi64(
+          _mm256_packus_epi32(_mm256_and_si256(v, lo16), _mm256_srli_epi32(v, 16)), 0xd8);
+      const __m256 d = _mm256_cvtph_ps(_mm256_castsi256_si128(packed));
+      _mm256_storeu_ps(dv + i, d);
+      if constexpr (QT == Q4_1) _mm256_storeu_ps(bv + i, _mm256_cvtph_ps(_mm256_extracti128_si256(packed, 1)));
+      if constexpr (QT == Q4_0) _mm256_storeu_ps(bv + i, _mm256_mul_ps(d, _mm256_set1_ps(-8.f)));
+    }
+    for (; i < n; ++i) {
+      dv[i] = f16(b + i * bytes);
+      if constexpr (QT == Q4_1) bv[i] = f16(b + i * bytes + 2);
+      if constexpr (QT == Q4_0) bv[i] = -8.f * dv[i];
+    }
+  } else if constexpr (QT == INT8) {
+    for (int64_t i = 0; i < n; ++i) dv[i] = 1.f;
+  } else {
+    __m256 w[4];
+    for (int64_t i = 0; i < n; ++i) {
+      float d0, d1;
+      const float b = group_avx2<QT, true>(row, g0 + i, w, d0, d1);  // the levels unused: dead code
+      if constexpr (QT == Q6_K) {
+        dv[2 * i] = d0;
+        dv[2 * i + 1] = d1;
+      } else {
+        dv[i] = d0;
+        bv[i] = b;
+      }
+    }
+  }
+}
+#endif
 
 // Row n of the weight (G groups of 32) dotted with MT rows of x: out[m] = sum_k W[n, k] x[m, k].
 // xsum holds sum(x[m, 32g..32g+31]) at xsum[m * G + g] (formats with an offset only).
 template <int64_t QT, int MT>
 static inline void row_dot(const uint8_t* row, int64_t G, const float* x, int64_t xs, const float* xsum, float* out) {
-#ifdef HOST_AVX2
-  constexpr int A = MT == 1 ? 4 : (MT == 2 ? 2 : 1);  // independent accumulators per row of x
-  __m256 acc[MT][A];
+#ifdef HOST_QAVX2
+  // per group: s = sum over its 32 values of level * x, then acc += s * d (two partial sums with
+  // their own scale for Q6_K's 16-value scales); two accumulators alternate over the groups. The
+  // scales of a chunk of groups are converted first (row_scales), so the inner loop broadcasts
+  // them from memory; the offsets are one dot product with the group sums of x per chunk.
+  constexpr bool two = QT == Q6_K;
+  __m256 acc[MT][2];
   float off[MT];
   for (int m = 0; m < MT; ++m) {
-    for (int a = 0; a < A; ++a) acc[m][a] = _mm256_setzero_ps();
+    acc[m][0] = acc[m][1] = _mm256_setzero_ps();
     off[m] = 0.f;
   }
-  for (int64_t g = 0; g < G; ++g) {
-    __m256 w[4];
-    const float b = group_avx2<QT>(row, g, w);
-    for (int m = 0; m < MT; ++m) {
-      const float* xg = x + m * xs + g * 32;
-      for (int i = 0; i < 4; ++i) acc[m][i % A] = _mm256_fmadd_ps(w[i], _mm256_loadu_ps(xg + 8 * i), acc[m][i % A]);
-      if constexpr (has_offset<QT>()) off[m] += b * xsum[m * G + g];
+  float dv[2 * CHUNK], bv[CHUNK];
+  for (int64_t g0 = 0; g0 < G; g0 += CHUNK) {
+    const int64_t n = std::min<int64_t>(CHUNK, G - g0);
+    row_scales<QT>(row, g0, n, dv, bv);
+    // groups in pairs, the even one into acc[.][0] and the odd one into acc[.][1] (a constant
+    // index, so the accumulators stay in registers)
+    auto step = [&](int64_t i, int a) __attribute__((always_inline)) {
+      __m256 w[4];
+      float unused0, unused1;
+      group_avx2<QT, false>(row, g0 + i, w, unused0, unused1);
+      const __m256 vd0 = _mm256_broadcast_ss(dv + (two ? 2 * i : i));
+      for (int m = 0; m < MT; ++m) {
+        const float* xg = x + m * xs + (g0 + i) * 32;
+        __m256 s0 = _mm256_mul_ps(w[0], _mm256_loadu_ps(xg));
+        __m256 s1 = _mm256_mul_ps(w[2], _mm256_loadu_ps(xg + 16));
+        s0 = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xg + 8), s0);
+        s1 = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xg + 24), s1);
+        if constexpr (two) {
+          acc[m][a] = _mm256_fmadd_ps(s1, _mm256_broadcast_ss(dv + 2 * i + 1), _mm256_fmadd_ps(s0, vd0, acc[m][a]));
+        } else {
+          acc[m][a] = _mm256_fmadd_ps(_mm256_add_ps(s0, s1), vd0, acc[m][a]);
+        }
+      }
+    };
+    int64_t i = 0;
+    for (; i + 2 <= n; i += 2) {
+      step(i, 0);
+      step(i + 1, 1);
+    }
+    if (i < n) step(i, 0);
+    if constexpr (has_offset<QT>()) {
+      for (int m = 0; m < MT; ++m) off[m] += dot(bv, xsum + m * G + g0, n);
     }
   }
-  for (int m = 0; m < MT; ++m) {
-    __m256 s = acc[m][0];
-    for (int a = 1; a < A; ++a) s = _mm256_add_ps(s, acc[m][a]);
-    out[m] = hsum256(s) + off[m];
-  }
+  for (int m = 0; m < MT; ++m) out[m] = hsum256(_mm256_add_ps(acc[m][0], acc[m][1])) + off[m];
 #else
   float w[32];
   for (int m = 0; m < MT; ++m) out[m] = 0.f;
@@ -253,10 +331,12 @@ static inline void row_dot(const uint8_t* row, int64_t G, const float* x, int64_
 template <int64_t QT>
 static inline void dequant_row(const uint8_t* row, int64_t G, float* dst) {
   for (int64_t g = 0; g < G; ++g) {
-#ifdef HOST_AVX2
+#ifdef HOST_QAVX2
     __m256 w[4];
-    const __m256 b = _mm256_set1_ps(group_avx2<QT>(row, g, w));
-    for (int i = 0; i < 4; ++i) _mm256_storeu_ps(dst + g * 32 + 8 * i, _mm256_add_ps(w[i], b));
+    float d0, d1;
+    const __m256 b = _mm256_set1_ps(group_avx2<QT>(row, g, w, d0, d1));
+    const __m256 vd0 = _mm256_set1_ps(d0), vd1 = _mm256_set1_ps(d1);
+    for (int i = 0; i < 4; ++i) _mm256_storeu_ps(dst + g * 32 + 8 * i, _mm256_fmadd_ps(w[i], i < 2 ? vd0 : vd1, b));
 #else
     const float b = group_scalar<QT>(row, g, dst + g * 32);
     for (int l = 0; l < 32; ++l) dst[g * 32 + l] += b;
@@ -429,12 +509,12 @@ torch::Tensor int8_linear(torch::Tensor x, torch::Tensor qweight, torch::Tensor 
 
 // The instruction set this module was compiled for (kernels.py logs it once).
 std::string kernels_isa() {
-#if defined(__AVX512F__) && defined(HOST_AVX2)
+#if defined(__AVX512F__) && defined(HOST_QAVX2)
   return "avx512f+avx2+fma+f16c";
-#elif defined(HOST_AVX2) && defined(__F16C__)
+#elif defined(HOST_QAVX2)
   return "avx2+fma+f16c";
 #elif defined(HOST_AVX2)
-  return "avx2+fma";
+  return "avx2+fma (quantized kernels scalar: no f16c)";
 #else
   return "scalar";
 #endif
