@@ -44,8 +44,8 @@ def fp8_linear_reference(x: torch.Tensor, qweight: torch.Tensor, scales: torch.T
     The same rounding a ``torch._scaled_mm`` kernel sees, computed with float matmuls (any device)."""
     x2 = x.reshape(-1, x.shape[-1])
     xq, sx = quantize_fp8_per_token(x2)
-    w = qweight.float() * scales.float().unsqueeze(1)
-    y = (xq.float() * sx) @ w.t()
+    w = qweight.to(torch.float32) * scales.to(torch.float32).unsqueeze(1)
+    y = (xq.to(torch.float32) * sx) @ w.t()
     if bias is not None:
         y = y + bias.float()
     return y.to(x.dtype).reshape(*x.shape[:-1], qweight.shape[0])
