@@ -126,18 +126,20 @@ class TorchPagedAttentionImpl(AttentionImpl):
         fp8 = is_fp8_cache(kv_cache)
         cache = kv_cache.view(torch.uint8) if fp8 else kv_cache  # fp8 pages are gathered as bytes
         compute_dtype = query.dtype if fp8 else kv_cache.dtype
+        dev = kv_cache.device  # the group's index tensors are built on the host: moved once per step
 
         # 1. gather the group's pages into the workspace: [2, n * blocks, bs, kv_heads, hd]
-        kv = md.workspace.get("kv", (2, g.kv_block_ids.numel(), bs, kv_heads, hd), cache.dtype)
+        kv = md.workspace.get("kv", (2, g.kv_block_ids.numel(), bs, kv_heads, hd), cache.dtype, dev)
         if cache.is_contiguous():  # K and V pages in one op
             pages = cache.view(-1, bs, kv_heads, hd)
-            ids = g.kv_page_ids(cache.shape[1])
+            ids = g.on(("pages", cache.shape[1]), g.kv_page_ids(cache.shape[1]), dev)
             torch.index_select(pages, 0, ids, out=kv.view(-1, bs, kv_heads, hd))
         else:
-            torch.index_select(cache[0], 0, g.kv_block_ids, out=kv[0])
-            torch.index_select(cache[1], 0, g.kv_block_ids, out=kv[1])
+            block_ids = g.on("kv_block_ids", g.kv_block_ids, dev)
+            torch.index_select(cache[0], 0, block_ids, out=kv[0])
+            torch.index_select(cache[1], 0, block_ids, out=kv[1])
         if fp8:  # widen into the model dtype, scales applied: [2, n * blocks, bs, kv_heads, hd]
-            wide = md.workspace.get("kv_wide", tuple(kv.shape), compute_dtype)
+            wide = md.workspace.get("kv_wide", tuple(kv.shape), compute_dtype, dev)
             wide.copy_(kv.view(torch.float8_e4m3fn))
             if self.k_scale != 1.0:
                 wide[0].mul_(self.k_scale)
@@ -152,7 +154,7 @@ class TorchPagedAttentionImpl(AttentionImpl):
         if g.query_token_range is not None:
             q = query[g.query_token_range[0] : g.query_token_range[1]]
         else:
-            q = query.index_select(0, g.query_token_index)
+            q = query.index_select(0, g.on("query_token_index", g.query_token_index, query.device))
         q = q.to(compute_dtype).view(n, mq, heads, hd)
 
         # 3. one fused call (float32 softmax and accumulation inside the kernel)
@@ -165,11 +167,11 @@ class TorchPagedAttentionImpl(AttentionImpl):
             # Decode-like: the `rep` query heads sharing a KV head become extra query rows of
             # that head, so each KV page is streamed once per KV head with rep * mq rows.
             q = q.view(n, mq, kv_heads, rep, hd).permute(0, 2, 1, 3, 4).reshape(n, kv_heads, mq * rep, hd)
-            mask = g.mask(self.sliding_window, q.dtype, rep)
+            mask = g.on(("mask", self.sliding_window, q.dtype, rep), g.mask(self.sliding_window, q.dtype, rep), dev)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
             out = out.view(n, kv_heads, mq, rep, hd).permute(0, 2, 1, 3, 4)  # [n, mq, kv, rep, hd]
         else:
-            mask = g.mask(self.sliding_window, q.dtype, 1)
+            mask = g.on(("mask", self.sliding_window, q.dtype, 1), g.mask(self.sliding_window, q.dtype, 1), dev)
             out = F.scaled_dot_product_attention(
                 q.transpose(1, 2), k, v, attn_mask=mask, scale=self.scale, enable_gqa=rep > 1
             )
@@ -178,11 +180,11 @@ class TorchPagedAttentionImpl(AttentionImpl):
 
         # 4. scatter the real rows back to their batch tokens
         if g.output_rows is not None:
-            out = out.index_select(0, g.output_rows)
+            out = out.index_select(0, g.on("output_rows", g.output_rows, dev))
         if g.query_token_range is not None:
             output[g.query_token_range[0] : g.query_token_range[1]].copy_(out)
         else:
-            output.index_copy_(0, g.output_token_index, out.to(output.dtype))
+            output.index_copy_(0, g.on("output_token_index", g.output_token_index, output.device), out.to(output.dtype))
 
 
 class TorchPagedAttentionBackend(AttentionBackend):

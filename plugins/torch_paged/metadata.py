@@ -34,16 +34,18 @@ class _Workspace:
     """
 
     def __init__(self) -> None:
-        self._buffers: dict[tuple[str, torch.dtype, bool], torch.Tensor] = {}
+        self._buffers: dict[tuple[str, torch.dtype, bool, torch.device], torch.Tensor] = {}
 
-    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | None = None) -> torch.Tensor:
+        """A view ``shape`` of the buffer ``name`` of ``dtype`` on ``device`` (the CPU when not given)."""
         numel = 1
         for s in shape:
             numel *= s
-        key = (name, dtype, torch.is_inference_mode_enabled())
+        device = torch.device("cpu") if device is None else torch.device(device)
+        key = (name, dtype, torch.is_inference_mode_enabled(), device)
         buf = self._buffers.get(key)
         if buf is None or buf.numel() < numel:
-            buf = torch.empty(numel, dtype=dtype)
+            buf = torch.empty(numel, dtype=dtype, device=device)
             self._buffers[key] = buf
         return buf[:numel].view(shape)
 
@@ -83,6 +85,17 @@ class PagedAttentionGroup:
             lens = md.seq_lens.index_select(0, self.req_indices).to(torch.int32).contiguous()
             self._cache[key] = (tables, lens)  # type: ignore[assignment]
         return self._cache[key]  # type: ignore[return-value]
+
+    def on(self, key: Any, tensor: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+        """``tensor`` (built on the host) on the cache's ``device``: copied once per step and
+        shared by every layer; the tensor itself on the CPU."""
+        if tensor is None or tensor.device == device:
+            return tensor
+        cache_key = ("on", key, device)
+        moved = self._cache.get(cache_key)
+        if moved is None:
+            moved = self._cache[cache_key] = tensor.to(device)
+        return moved
 
     def kv_page_ids(self, num_blocks: int) -> torch.Tensor:
         """Page ids into the cache viewed as ``[2 * num_blocks, ...]``: K pages, then V pages."""
