@@ -5,7 +5,7 @@
 #   bash bench/gpu_check.sh tests   # Triton kernels, sampling kernel, decode graphs, bf16 vs HF (~3 min)
 #   bash bench/gpu_check.sh bench   # bench/gpu_throughput.py, the nano-vllm workload (< 8 min)
 #   bash bench/gpu_check.sh all     # both
-#   bash bench/gpu_check.sh quant   # quantized linears: kernel tests, max error and speed vs torch, decode tok/s (~3 min)
+#   bash bench/gpu_check.sh quant   # quantized linears: kernel tests, error and speed vs torch, a GEMV tile sweep, decode tok/s (~6 min)
 #
 # host is installed with --no-deps into a scratch target (its entry points must be real
 # dist-info for the plugins to be found); the offline engine, the kernels and these tests need
@@ -51,8 +51,9 @@ if [[ "$stage" == quant ]]; then
   # `gguf` package (the ground truth): put its wheel in .whl/ (pip download --no-deps gguf==0.19.0 -d .whl),
   # else they skip. Then, for each format on a 4096x4096 weight in bfloat16: max error against the torch
   # reference (dequantize + matmul in float64), microseconds per call, weight GB/s at M=1 and tok/s
-  # (M / call time) next to a dense bfloat16 F.linear; then decode tok/s of a Qwen3-0.6B-shaped model
-  # (dummy weights) unquantized and with online int8 / fp8 weights.
+  # (M / call time) next to a dense bfloat16 F.linear; a sweep of GEMV tile sizes at M=1 (the module's
+  # GEMV_* constants, to tune them); then decode tok/s of a Qwen3-0.6B-shaped model (dummy weights)
+  # unquantized and with online int8 / fp8 weights.
   timeout "${HOST_GPU_TEST_TIMEOUT:-300}" "$PY" -m pytest -q -p no:cacheprovider -x -rs \
     tests/plugins/triton_ops/test_quant_linear.py 2>&1 | tee "$OUT/quant_tests.log"
   rc=$(( rc | ${PIPESTATUS[0]} ))
@@ -115,6 +116,21 @@ for m in (1, 16, 256):
         results["kernels"].append(row)
         print(f"M={m:4d} {name:10s} max rel err {err:.2e}  {t * 1e6:9.1f} us  {m / t:12.0f} tok/s  {nbytes / t / 1e9:7.0f} GB/s weights  x{t_dense / t:.2f} of dense")
 
+# GEMV tuning sweep (M = 1): rows per program, K per step, programs per SM, warps
+results["gemv_sweep"] = []
+x1 = torch.randn(1, K, device=dev, generator=gen).to(torch.bfloat16)
+default = (ql.GEMV_BLOCK_N, ql.GEMV_BLOCK_K, ql.GEMV_PROGRAMS_PER_SM, ql.GEMV_NUM_WARPS)
+for cfg in [default, (16, 128, 8, 4), (32, 128, 4, 4), (8, 256, 4, 4), (16, 256, 4, 8), (64, 64, 4, 4), (4, 256, 8, 2)]:
+    ql.GEMV_BLOCK_N, ql.GEMV_BLOCK_K, ql.GEMV_PROGRAMS_PER_SM, ql.GEMV_NUM_WARPS = cfg
+    for name in ("Q4_0", "Q8_0", "Q4_K", "Q6_K", "int8"):
+        fn, w64, nbytes = cases[name]
+        ref = x1.double() @ w64.T
+        err = ((fn(x1).double() - ref).abs().max() / ref.abs().max()).item()
+        t = do_bench(lambda: fn(x1)) * 1e-3
+        results["gemv_sweep"].append(dict(cfg=list(cfg), kernel=name, us=t * 1e6, weight_GBps=nbytes / t / 1e9, max_rel_err=err))
+        print(f"GEMV block_n={cfg[0]:3d} block_k={cfg[1]:3d} per_sm={cfg[2]} warps={cfg[3]} {name:5s} {t * 1e6:8.1f} us {nbytes / t / 1e9:6.0f} GB/s err {err:.1e}")
+ql.GEMV_BLOCK_N, ql.GEMV_BLOCK_K, ql.GEMV_PROGRAMS_PER_SM, ql.GEMV_NUM_WARPS = default
+
 try:  # end to end: decode tok/s, Qwen3-0.6B shape with dummy weights, online-quantized linears
     import tempfile, transformers
     if dev != "cuda":
@@ -143,7 +159,7 @@ try:  # end to end: decode tok/s, Qwen3-0.6B shape with dummy weights, online-qu
 except Exception as exc:
     print(f"decode section FAILED {type(exc).__name__}: {exc}")
 json.dump(results, open(sys.argv[1], "w"), indent=1)
-bad = [r for r in results["kernels"] if not r["max_rel_err"] <= 1e-2]  # bf16 output rounding is 4e-3
+bad = [r for r in results["kernels"] + results["gemv_sweep"] if not r["max_rel_err"] <= 1e-2]  # bf16 output rounding is 4e-3
 print("max error within bounds" if not bad else f"ERRORS TOO LARGE: {bad}")
 sys.exit(1 if bad else 0)
 PYEOF

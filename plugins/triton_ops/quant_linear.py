@@ -50,7 +50,14 @@ GGUF_BLOCKS: dict[int, tuple[int, int]] = {Q4_0: (32, 18), Q4_1: (32, 20), Q8_0:
 GGUF_NAMES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0", Q4_K: "Q4_K", Q6_K: "Q6_K"}
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
+# Launch shapes (first choices, not tuned on a GPU yet: bench/gpu_check.sh quant prints the figures
+# to tune them against)
 GEMV_MAX_M = 4  # up to this many tokens, the GEMV launch (weights are re-read per token from L2)
+GEMV_BLOCK_N, GEMV_BLOCK_K = 16, 128  # rows per program, values of K per step (whole scale groups)
+GEMV_PROGRAMS_PER_SM = 2  # the K split aims at this many programs per SM
+GEMV_NUM_WARPS = 4
+GEMM_BLOCK_N, GEMM_BLOCK_K = 64, 32  # and 16 / 32 / 64 tokens by M
+GEMM_NUM_WARPS = 4
 
 
 if HAS_TRITON:
@@ -285,10 +292,10 @@ def _num_sms(device_index: int | None) -> int:
 
 
 def split_k_for(m: int, n_blocks: int, k_blocks: int, num_sms: int) -> int:
-    """How many K spans a GEMV launch splits into: enough programs for about two per SM, never
+    """How many K spans a GEMV launch splits into: ``GEMV_PROGRAMS_PER_SM`` programs per SM, never
     more spans than ``BLOCK_K`` steps of K (``k_blocks``)."""
     programs = max(1, m * n_blocks)
-    return max(1, min(k_blocks, -(-2 * num_sms // programs)))
+    return max(1, min(k_blocks, -(-GEMV_PROGRAMS_PER_SM * num_sms // programs)))
 
 
 def _as_2d(x: torch.Tensor, k: int, op: str) -> torch.Tensor:
@@ -325,7 +332,7 @@ def _launch(
     # the kernels write float32 and torch rounds
     final_dtype, out_dtype = out_dtype, (torch.float32 if _interpreting() else out_dtype)
     if m <= GEMV_MAX_M:
-        block_n, block_k = 16, 128
+        block_n, block_k = GEMV_BLOCK_N, GEMV_BLOCK_K
         n_blocks = triton.cdiv(n, block_n)
         k_steps = triton.cdiv(k, block_k)
         if split_k is None:
@@ -340,16 +347,16 @@ def _launch(
             out = torch.empty(m, n, dtype=out_dtype, device=x2.device)
         _gemv_kernel[(n_blocks, m, split_k)](
             x2, w, out, *ptrs, n, k, x2.stride(0), w.stride(0), out.stride(0), k_per_split,
-            **flags, ATOMIC=atomic, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4,
+            **flags, ATOMIC=atomic, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=GEMV_NUM_WARPS,
         )
         return out.to(final_dtype)
     block_m = 16 if m <= 16 else 32 if m <= 32 else 64
-    block_n, block_k = 64, 32
+    block_n, block_k = GEMM_BLOCK_N, GEMM_BLOCK_K
     out = torch.empty(m, n, dtype=out_dtype, device=x2.device)
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
     _gemm_kernel[grid](
         x2, w, out, *ptrs, m, n, k, x2.stride(0), w.stride(0), out.stride(0),
-        **flags, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4,
+        **flags, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=GEMM_NUM_WARPS,
     )
     return out.to(final_dtype)
 
