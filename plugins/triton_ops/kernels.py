@@ -79,6 +79,7 @@ if HAS_TRITON:
         block_size,
         NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, UPCAST: tl.constexpr,
+        FP8: tl.constexpr = False,
     ):
         r = tl.program_id(0)
         h = tl.program_id(1)
@@ -115,8 +116,11 @@ if HAS_TRITON:
                 kv_off = phys * c_stride_b + (offs_n % block_size) * c_stride_s + kvh * c_stride_h
                 k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=mask_n[:, None] & mask_d[None, :], other=0.0)
                 v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=mask_n[:, None] & mask_d[None, :], other=0.0)
-                # pages in the compute dtype (fp8 pages widen here; their scales are in ``scale``
-                # for K and ``v_scale`` on the output)
+                # pages in the compute dtype (fp8 pages widen here, through float32: every GPU's
+                # conversion has that path; their scales are ``scale`` for K, ``v_scale`` on out)
+                if FP8:
+                    k = k.to(tl.float32)
+                    v = v.to(tl.float32)
                 k = k.to(q.dtype)
                 v = v.to(q.dtype)
                 s = tl.dot(q, tl.trans(k), input_precision="ieee").to(tl.float32) * scale
@@ -146,6 +150,7 @@ if HAS_TRITON:
         bt_stride, block_size, num_splits,
         NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
         BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, UPCAST: tl.constexpr,
+        FP8: tl.constexpr = False,
     ):
         # one program per (request, KV head, span): the GROUP query heads sharing the KV head
         # are the rows of one matmul, so each K/V tile is read once for all of them
@@ -179,7 +184,10 @@ if HAS_TRITON:
             kv_off = phys * c_stride_b + (offs_n % block_size) * c_stride_s + kvh * c_stride_h
             k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=mask_n[:, None] & mask_d[None, :], other=0.0)
             v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=mask_n[:, None] & mask_d[None, :], other=0.0)
-            k = k.to(q.dtype)  # fp8 pages widen here (scales: ``scale`` for K, ``v_scale`` on acc)
+            if FP8:  # fp8 pages widen here, through float32 (scales: ``scale`` for K, ``v_scale`` on acc)
+                k = k.to(tl.float32)
+                v = v.to(tl.float32)
+            k = k.to(q.dtype)
             v = v.to(q.dtype)
             s = tl.dot(q, tl.trans(k), input_precision="ieee").to(tl.float32) * scale
             s = tl.where(mask_n[None, :], s, float("-inf"))
@@ -352,7 +360,7 @@ def paged_attention(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_table.stride(0), k_cache.shape[1],
         NUM_HEADS=H, NUM_KV_HEADS=KVH, HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-        UPCAST=_upcast(query),
+        UPCAST=_upcast(query), FP8=is_fp8(k_cache),
     )
     return out
 
@@ -410,7 +418,7 @@ def paged_decode_split(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_table.stride(0), k_cache.shape[1], splits,
         NUM_HEADS=H, GROUP=group, HEAD_DIM=D, BLOCK_G=max(16, _next_pow2(group)), BLOCK_N=32, BLOCK_D=block_d,
-        UPCAST=_upcast(query),
+        UPCAST=_upcast(query), FP8=is_fp8(k_cache),
     )
     _decode_merge_kernel[(R, H)](
         part_m, part_l, part_acc, out, out.stride(0), out.stride(1), splits,
