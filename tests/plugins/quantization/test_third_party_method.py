@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import torch
+
 from helpers import hf_greedy, hf_model, on_sys_path, run_host, subprocess_env
 
 PROMPT = [3, 17, 42, 9, 101, 5]
