@@ -210,6 +210,8 @@ class EngineCore:
             "attention_backend": getattr(worker.model_runner.attn_backend, "name", None),
             "num_gpu_blocks": self.kv_cache_manager.num_blocks,
             "block_size": self.kv_cache_config.block_size,
+            "weight_bytes": getattr(worker.model_runner, "resident_weight_bytes", None),
+            "quantization": self.config.quant.plan.describe() if self.config.quant.plan is not None else "none",
         }
 
     def utility_reset_prefix_cache(self) -> bool:

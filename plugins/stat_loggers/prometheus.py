@@ -9,8 +9,9 @@ for vLLM. Every series has the labels ``model_name`` and ``engine``, except
 
 vLLM metrics this exporter does not make: what host has no feature for (speculative decoding,
 LoRA, KV connectors, multimodal caches, sleep mode, corrupted requests) and the deprecated
-names. Two names are host's own: ``prefix_cache_hit_rate`` (hits / queries since start-up) and
-``num_requests_in_flight`` (prompts the API server is serving).
+names. Three names are host's own: ``prefix_cache_hit_rate`` (hits / queries since start-up),
+``num_requests_in_flight`` (prompts the API server is serving) and ``model_weights_bytes`` (what
+the weights occupy, labelled with the quantization method).
 """
 
 from __future__ import annotations
@@ -150,6 +151,15 @@ class PrometheusStatLogger(StatLogger):
         info["engine"] = str(self.engine_index)
         gauge = Gauge(f"{self.prefix}:cache_config_info", "Information of the LLMEngine CacheConfig", list(info), registry=self.registry)
         gauge.labels(**info).set(1)
+        weights = self.context.engine_info.get("weight_bytes")
+        if weights is not None:
+            quant = str(self.context.engine_info.get("quantization") or "none")
+            w = Gauge(
+                f"{self.prefix}:model_weights_bytes",
+                "Bytes the model's weights occupy on the device (quantized blocks and platform repacking included).",
+                ["model_name", "engine", "quantization"], registry=self.registry,
+            )
+            w.labels(self.context.model_name, str(self.engine_index), quant).set(weights)
         self._cache_info = True
 
     def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:

@@ -182,6 +182,11 @@ def test_tokenize_detokenize_version_plugins_metrics(server):
                    "host:num_requests_waiting", "host:kv_cache_usage_perc", "host:prefix_cache_hit_rate", "host:request_success_total"):
         assert family in text, family
     assert metric(server, "host:time_to_first_token_seconds_count") > 0
+    # the default model is served from its GGUF blocks, kept quantized: under 150 MB of weights
+    assert "host.quantization" in engine_groups
+    (weights,) = [line for line in text.splitlines() if line.startswith("host:model_weights_bytes{")]
+    assert 'quantization="gguf' in weights
+    assert 50e6 < float(weights.rsplit(" ", 1)[1]) < 150e6
 
 
 def test_sixty_four_concurrent_streams_do_not_mix(server):
