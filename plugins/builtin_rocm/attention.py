@@ -20,9 +20,9 @@ What differs from ``triton_paged``:
   on CDNA2/CDNA3 and RDNA. ``(16 + 64) * 256 * 2`` bytes fits; float32 at 256 (80 KiB) would
   fail to compile at the first request, so it is refused here instead. This is an estimate from the tile shapes,
   not a measurement: no AMD GPU has run these kernels yet (docs/rocm.md).
-- **KV cache in the model dtype only**: no fp8 KV anywhere in host yet; on ROCm fp8 also comes
-  in two encodings (e4m3fnuz on gfx942, OCP e4m3fn on gfx950), which a backend would have to
-  declare separately.
+- **KV cache in the model dtype only**: host's fp8 KV cache stores OCP e4m3fn pages, while ROCm's
+  fp8 comes in two encodings (e4m3fnuz on gfx942, OCP e4m3fn on gfx950), which a backend would
+  have to declare separately.
 """
 
 from __future__ import annotations

@@ -198,9 +198,9 @@ class RocmPlatform(CudaPlatform):
         cache_dtype = str(config.cache.cache_dtype)
         if cache_dtype.startswith("fp8"):
             raise ValueError(
-                f"kv cache dtype {cache_dtype!r} is not supported on ROCm: no attention backend in host "
-                "stores fp8 KV yet, and ROCm's fp8 differs by GPU (e4m3fnuz on gfx942, OCP e4m3fn on "
-                "gfx950); use kv cache dtype 'auto' (the model dtype)"
+                f"kv cache dtype {cache_dtype!r} is not supported on ROCm: host's fp8 pages are OCP e4m3fn, "
+                "and ROCm's fp8 differs by GPU (e4m3fnuz on gfx942, OCP e4m3fn on gfx950), which no ROCm "
+                "backend in host declares yet; use kv cache dtype 'auto' (the model dtype)"
             )
 
     def _check_quantization(self, config: Any) -> None:
