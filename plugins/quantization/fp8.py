@@ -15,7 +15,8 @@ from typing import Any
 import torch
 
 from host.plugins.quantization import ops
-from host.sdk.quantization import LinearMethod, QuantizationMethod
+from host.plugins.quantization.per_channel import PerChannelLinearMethod
+from host.sdk.quantization import QuantizationMethod
 
 
 def quantize_fp8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -27,26 +28,11 @@ def quantize_fp8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     return q, scales
 
 
-class Fp8LinearMethod(LinearMethod):
+class Fp8LinearMethod(PerChannelLinearMethod):
     scheme = "fp8"
-
-    def create_weights(self, layer: Any, input_size: int, output_sizes: list[int], params_dtype: torch.dtype) -> None:
-        n = sum(output_sizes)
-        layer.register_buffer("qweight", torch.zeros(n, input_size, dtype=torch.float8_e4m3fn), persistent=False)
-        layer.register_buffer("scales", torch.ones(n, dtype=torch.float32), persistent=False)
-
-    def load_weight(self, layer: Any, shard: int, tensor: Any) -> None:
-        if hasattr(tensor, "dequantize") and not isinstance(tensor, torch.Tensor):
-            tensor = tensor.dequantize(torch.float32)
-        rows = layer.shard_slice(shard)
-        q, scales = quantize_fp8_rows(tensor.to(layer.qweight.device))
-        layer.qweight[rows] = q
-        layer.scales[rows] = scales
-
-    def apply(self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        x2 = x.reshape(-1, x.shape[-1])
-        y = ops.fp8_linear(x2, layer.qweight, layer.scales, bias)
-        return y.reshape(*x.shape[:-1], y.shape[-1])
+    qdtype = torch.float8_e4m3fn
+    quantize_rows = staticmethod(quantize_fp8_rows)
+    op = staticmethod(ops.fp8_linear)
 
 
 class Fp8Method(QuantizationMethod):

@@ -13,7 +13,8 @@ from typing import Any
 import torch
 
 from host.plugins.quantization import ops
-from host.sdk.quantization import LinearMethod, QuantizationMethod
+from host.plugins.quantization.per_channel import PerChannelLinearMethod
+from host.sdk.quantization import QuantizationMethod
 
 INT8_MAX = 127.0
 
@@ -27,30 +28,11 @@ def quantize_int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     return q, scales
 
 
-def _float(tensor: Any) -> torch.Tensor:
-    if hasattr(tensor, "dequantize") and not isinstance(tensor, torch.Tensor):
-        return tensor.dequantize(torch.float32)
-    return tensor
-
-
-class Int8LinearMethod(LinearMethod):
+class Int8LinearMethod(PerChannelLinearMethod):
     scheme = "int8"
-
-    def create_weights(self, layer: Any, input_size: int, output_sizes: list[int], params_dtype: torch.dtype) -> None:
-        n = sum(output_sizes)
-        layer.register_buffer("qweight", torch.zeros(n, input_size, dtype=torch.int8), persistent=False)
-        layer.register_buffer("scales", torch.ones(n, dtype=torch.float32), persistent=False)
-
-    def load_weight(self, layer: Any, shard: int, tensor: Any) -> None:
-        rows = layer.shard_slice(shard)
-        q, scales = quantize_int8_rows(_float(tensor).to(layer.qweight.device))
-        layer.qweight[rows] = q
-        layer.scales[rows] = scales
-
-    def apply(self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        x2 = x.reshape(-1, x.shape[-1])
-        y = ops.int8_linear(x2, layer.qweight, layer.scales, bias)
-        return y.reshape(*x.shape[:-1], y.shape[-1])
+    qdtype = torch.int8
+    quantize_rows = staticmethod(quantize_int8_rows)
+    op = staticmethod(ops.int8_linear)
 
 
 class Int8Method(QuantizationMethod):
