@@ -121,22 +121,63 @@ def _probe_runs(flags: tuple[str, ...], source: str) -> bool:
             return False
 
 
+def _probe_cache_key(compiler: str) -> str:
+    """What the probe's answer depends on: the CPU (model and flags as the kernel reports them;
+    the probe still decides), the compiler, and the candidates."""
+    import hashlib
+
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            cpu = sorted({line for line in f if line.startswith(("model name", "flags", "vendor_id"))})
+    except OSError:
+        cpu = [os.uname().machine]
+    text = "\n".join([*cpu, shutil.which(compiler) or compiler, repr(_ISA_CANDIDATES)])
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def _probe_cache_path() -> str:
+    from torch.utils.cpp_extension import get_default_build_root
+
+    return os.path.join(get_default_build_root(), "host_isa_probe.json")
+
+
 def isa_flags() -> tuple[str, ...]:
     """The ``-m`` flags of the kernel build: the widest of AVX-512 (F, BW, VL, VNNI), AVX2 (+ FMA,
-    F16C) whose probe program really runs here, else none (the kernels' scalar loops). The result
-    is cached per process; ``HOST_CPU_ISA=avx2|avx512|scalar`` skips the probe."""
+    F16C) whose probe program really runs here, else none (the kernels' scalar loops). The probe
+    costs a few seconds of compiling, so its answer is kept next to torch's extension builds
+    (``host_isa_probe.json``, keyed by the CPU and the compiler) and per process;
+    ``HOST_CPU_ISA=avx2|avx512|scalar`` skips the probe."""
+    import json
+
     if _ISA:
         return _ISA[0]
     forced = os.environ.get("HOST_CPU_ISA", "").strip().lower()
-    chosen: tuple[str, ...] = ()
     names = [name for name, _, _ in _ISA_CANDIDATES]
     if forced and forced != "scalar" and forced not in names:
         raise ValueError(f"HOST_CPU_ISA={forced!r} is not one of {', '.join(names)}, scalar")
-    if forced != "scalar":
-        for name, flags, source in _ISA_CANDIDATES:
-            if (forced and name == forced) or (not forced and _probe_runs(flags, source)):
-                chosen = flags
-                break
+    chosen: tuple[str, ...] = ()
+    if forced:
+        chosen = next((flags for name, flags, _ in _ISA_CANDIDATES if name == forced), ())
+    else:
+        compiler = os.environ.get("CXX", "c++")
+        key, path, cached = _probe_cache_key(compiler), _probe_cache_path(), {}
+        try:
+            with open(path, encoding="utf-8") as f:
+                cached = json.load(f)
+        except (OSError, ValueError):
+            cached = {}
+        if isinstance(cached.get(key), list):
+            chosen = tuple(cached[key])
+        else:
+            chosen = next((flags for _, flags, source in _ISA_CANDIDATES if _probe_runs(flags, source)), ())
+            try:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                tmp = f"{path}.{os.getpid()}"
+                with open(tmp, "w", encoding="utf-8") as f:
+                    json.dump({**cached, key: list(chosen)}, f)
+                os.replace(tmp, path)
+            except OSError:
+                pass  # no cache: the next process probes again
     logger.info("CPU kernel instruction set: %s", " ".join(chosen) or "scalar (no AVX2 probe ran here)")
     _ISA.append(chosen)
     return chosen

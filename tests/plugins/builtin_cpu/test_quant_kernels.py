@@ -272,3 +272,16 @@ def test_fused_decode_declines_quantized_layers_it_cannot_run():
     assert "GGUF type 6 has no CPU kernel" in _quant_reason(q5)
     ok = Layer(scheme="gguf", qweights=[torch.zeros(4, 40, dtype=torch.uint8)], qtypes=[int(QT.Q4_1)])
     assert _quant_reason(ok) is None
+
+
+def test_isa_flags_name_what_the_module_was_built_for(k, monkeypatch):
+    import host.plugins.builtin_cpu.kernels as kernels
+
+    flags = kernels.isa_flags()
+    assert ("avx2" in k.kernels_isa()) == ("-mavx2" in flags)
+    monkeypatch.setattr(kernels, "_ISA", [])
+    monkeypatch.setenv("HOST_CPU_ISA", "bogus")
+    with pytest.raises(ValueError, match="HOST_CPU_ISA='bogus' is not one of avx512, avx2, scalar"):
+        kernels.isa_flags()
+    monkeypatch.setenv("HOST_CPU_ISA", "scalar")
+    assert kernels.isa_flags() == ()
