@@ -1,4 +1,4 @@
-// host_cpu_kernels, part 4 of 5 (one translation unit with the parts before it; see
+// host_cpu_kernels, part 5 of 6 (one translation unit with the parts before it; see
 // vector_math.cpp). rms_norm, fused_add_rms_norm_, rotary_neox_ and silu_and_mul: one pass each per row.
 
 // Normalizes one row in float32 like Hugging Face's RMSNorm: x * rsqrt(mean(x^2) + eps) * w.

@@ -1,4 +1,4 @@
-// host_cpu_kernels, part 3 of 5 (one translation unit with the parts before it; see
+// host_cpu_kernels, part 3 of 6 (one translation unit with the parts before it; see
 // vector_math.cpp). linear_small_m: x @ W^T (+ b) for a few rows of x, streaming the weight once.
 
 // y[M, N] = x[M, K] @ W^T (+ bias[N]) for a few rows of x. W is either plain, w [N, K], or

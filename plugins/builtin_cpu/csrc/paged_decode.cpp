@@ -1,4 +1,4 @@
-// host_cpu_kernels, part 2 of 5 (one translation unit with the parts before it; see
+// host_cpu_kernels, part 2 of 6 (one translation unit with the parts before it; see
 // vector_math.cpp). paged_decode: single-token paged attention reading K/V in place through the block table.
 
 // q: [R, H, D] float32 contiguous; k_cache / v_cache: [num_blocks, block_size, KVH, D] views

@@ -1,4 +1,4 @@
-// host_cpu_kernels, part 1 of 5 (vector_math.cpp). The parts are compiled as ONE translation unit,
+// host_cpu_kernels, part 1 of 6 (vector_math.cpp). The parts are compiled as ONE translation unit,
 // concatenated in the order plugins/builtin_cpu/kernels.py lists them (torch's load_inline);
 // later parts use what earlier parts define.
 //
