@@ -122,15 +122,23 @@ def _exclusive(lock_path: str) -> Iterator[None]:
 
 def _link_gguf(target: str, gguf: str) -> None:
     """``target/model.gguf`` -> the package's GGUF file (the weights the ``gguf`` method keeps as
-    stored); made atomically, so a concurrent reader sees the link or nothing."""
+    stored), and its block cache (:data:`~host.core.models.gguf_file.BLOCK_CACHE`, the same blocks
+    in a file that opens in milliseconds); each made atomically, so a concurrent reader sees the
+    whole file or none."""
+    from host.core.models.gguf_file import BLOCK_CACHE, write_block_cache
+
     link = os.path.join(target, GGUF_LINK)
-    if os.path.islink(link) and os.path.realpath(link) == os.path.realpath(gguf):
-        return
-    tmp = f"{link}.{os.getpid()}.tmp"
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)
-    os.symlink(gguf, tmp)
-    os.replace(tmp, link)
+    if not (os.path.islink(link) and os.path.realpath(link) == os.path.realpath(gguf)):
+        tmp = f"{link}.{os.getpid()}.tmp"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        os.symlink(gguf, tmp)
+        os.replace(tmp, link)
+    cache = os.path.join(target, BLOCK_CACHE)
+    if not os.path.isfile(cache):
+        with _exclusive(target + ".lock"):
+            if not os.path.isfile(cache):
+                write_block_cache(link, cache)
 
 
 def default_model_path() -> str:

@@ -11,6 +11,7 @@ same models as a Hugging Face checkpoint. Supported GGUF architectures: llama, q
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
@@ -18,6 +19,7 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 import torch
 
+_FLOAT_QTYPES = (0, 1, 30)  # F32, F16, BF16: dequantized (converted) as they load
 # GGUF general.architecture -> (transformers model_type, our architecture name)
 GGUF_ARCHITECTURES = {
     "llama": ("llama", "LlamaForCausalLM"),
@@ -206,3 +208,58 @@ class GGUFCheckpoint:
             if permute:
                 array = _unpermute_rows(array, heads)
             yield name, torch.from_numpy(np.array(array, dtype=np.float32, order="C")).to(dtype)
+
+
+# -- the block cache: a GGUF's tensors, blocks as stored, in a safetensors file -------------------
+
+BLOCK_CACHE = "gguf_blocks.safetensors"
+"""Written next to a directory's ``model.gguf`` link (the default model's): opening a GGUF parses
+its whole metadata (seconds: the tokenizer vocabulary), a safetensors file maps in milliseconds."""
+
+
+def block_cache_for(gguf_path: str | None) -> str | None:
+    """The block cache of a directory's ``model.gguf`` when it has been written, else ``None``."""
+    if not gguf_path or os.path.basename(gguf_path) != "model.gguf":
+        return None
+    cache = os.path.join(os.path.dirname(gguf_path), BLOCK_CACHE)
+    return cache if os.path.isfile(cache) else None
+
+
+def write_block_cache(gguf_path: str, out_path: str) -> None:
+    """Every tensor of ``gguf_path`` with its Hugging Face name: quantized ones as their uint8 rows
+    (rows already un-permuted, the type and logical shape in the metadata), float ones as float32.
+    Written to a temporary name and renamed, so a reader never sees half a file."""
+    from safetensors.torch import save_file
+
+    checkpoint = GGUFCheckpoint(gguf_path)
+    quantized = {t for t in checkpoint.tensor_types().values() if t not in _FLOAT_QTYPES}
+    tensors: dict[str, torch.Tensor] = {}
+    meta: dict[str, str] = {}
+    for name, tensor in checkpoint.tensors(torch.float32, keep_qtypes=quantized):
+        if isinstance(tensor, GGUFTensor):
+            tensors[name] = tensor.data
+            meta[name] = f"{tensor.qtype}:{tensor.shape[0]}:{tensor.shape[1]}"
+        else:
+            tensors[name] = tensor.contiguous()
+    tmp = f"{out_path}.{os.getpid()}.tmp"
+    save_file(tensors, tmp, metadata=meta)
+    os.replace(tmp, out_path)
+
+
+def iter_block_cache(
+    path: str, dtype: torch.dtype, keep_qtypes: Iterable[int] = ()
+) -> Iterator[tuple[str, "torch.Tensor | GGUFTensor"]]:
+    """The tensors of a block cache as :meth:`GGUFCheckpoint.tensors` yields them."""
+    from safetensors import safe_open
+
+    keep = set(keep_qtypes)
+    with safe_open(path, framework="pt", device="cpu") as f:
+        meta = f.metadata() or {}
+        for name in f.keys():
+            tensor = f.get_tensor(name)
+            if name not in meta:
+                yield name, tensor.to(dtype)
+                continue
+            qtype, rows, cols = (int(x) for x in meta[name].split(":"))
+            blocks = GGUFTensor(tensor, qtype, (rows, cols))
+            yield name, blocks if qtype in keep else blocks.dequantize(dtype)

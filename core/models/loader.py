@@ -26,7 +26,7 @@ from torch import nn
 
 from host.core.config import LoadConfig, ModelConfig
 from host.core.models.default_model import resolve_model_path
-from host.core.models.gguf_file import GGUF_ARCHITECTURES, GGUFCheckpoint
+from host.core.models.gguf_file import BLOCK_CACHE, GGUF_ARCHITECTURES, GGUFCheckpoint, block_cache_for, iter_block_cache
 from host.core.models.quant_linear import quantized_layers, weight_bytes
 from host.core.models.registry import resolve_model_class
 
@@ -111,7 +111,8 @@ def iter_hf_weights(path: str) -> Iterator[tuple[str, torch.Tensor]]:
         with open(index) as f:
             files = sorted({os.path.join(path, name) for name in json.load(f)["weight_map"].values()})
     else:
-        files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+        # every safetensors file but a GGUF block cache (the same weights, still quantized)
+        files = sorted(f for f in glob.glob(os.path.join(path, "*.safetensors")) if os.path.basename(f) != BLOCK_CACHE)
     if files:
         from safetensors import safe_open
 
@@ -169,8 +170,11 @@ def load_model(
         raise ValueError(f"load_format='safetensors' needs a model directory, got the GGUF file {path}")
     reuse_config = model_config.hf_config is not None and model_config.resolved_path == path
     keep_blocks = quant_plan is not None and quant_plan.keeps_gguf_blocks and fmt != "dummy"
-    if keep_blocks:
+    cache = block_cache_for(quant_plan.gguf_path) if keep_blocks else None
+    if keep_blocks and cache is None:
         checkpoint = GGUFCheckpoint(quant_plan.gguf_path)
+    elif keep_blocks:
+        checkpoint = None  # the blocks come from the cache next to the GGUF link
     else:
         checkpoint = GGUFCheckpoint(path) if gguf and not (reuse_config and fmt == "dummy") else None
     if reuse_config:  # already parsed by EngineArgs; opening a GGUF twice costs seconds
@@ -194,6 +198,8 @@ def load_model(
             if bound is not None:
                 raise ValueError("load_format='dummy' gives random float weights; it cannot be combined with quantization (use --quantization none)")
             init_dummy_weights(model, model_config.seed)
+        elif cache is not None:
+            model.load_weights(iter_block_cache(cache, dtype, keep_qtypes=bound.kept_gguf_qtypes()))
         elif checkpoint is not None:
             keep = bound.kept_gguf_qtypes() if keep_blocks else ()
             model.load_weights(checkpoint.tensors(dtype, keep_qtypes=keep))
@@ -209,7 +215,7 @@ def load_model(
         "loaded %s (%s, %s%s) from %s on %s: weights %.1f MiB",
         architecture, fmt, dtype,
         f", {len(quantized)} layers quantized with {'/'.join(schemes)}" if quantized else "",
-        checkpoint.path if checkpoint is not None else path, device, weight_bytes(model) / 2**20,
+        cache or (checkpoint.path if checkpoint is not None else path), device, weight_bytes(model) / 2**20,
     )
     return model, hf_config
 
