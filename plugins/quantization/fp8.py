@@ -15,17 +15,14 @@ from typing import Any
 import torch
 
 from host.plugins.quantization import ops
-from host.plugins.quantization.per_channel import PerChannelLinearMethod
+from host.plugins.quantization.per_channel import PerChannelLinearMethod, scale_rows
 from host.sdk.quantization import QuantizationMethod
 
 
 def quantize_fp8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(q float8_e4m3fn [N, K], scales float32 [N])`` with ``weight ~= q * scales[:, None]``."""
-    w = weight.float()
-    amax = w.abs().amax(dim=1)
-    scales = torch.where(amax > 0, amax / ops.FP8_MAX, torch.ones_like(amax))
-    q = (w / scales.unsqueeze(1)).clamp(-ops.FP8_MAX, ops.FP8_MAX).to(torch.float8_e4m3fn)
-    return q, scales
+    scaled, scales = scale_rows(weight, ops.FP8_MAX)
+    return scaled.to(torch.float8_e4m3fn), scales
 
 
 class Fp8LinearMethod(PerChannelLinearMethod):

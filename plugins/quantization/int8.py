@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from host.plugins.quantization import ops
-from host.plugins.quantization.per_channel import PerChannelLinearMethod
+from host.plugins.quantization.per_channel import PerChannelLinearMethod, scale_rows
 from host.sdk.quantization import QuantizationMethod
 
 INT8_MAX = 127.0
@@ -21,11 +21,8 @@ INT8_MAX = 127.0
 
 def quantize_int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(q int8 [N, K], scales float32 [N])`` with ``weight ~= q * scales[:, None]`` (zero rows: scale 1)."""
-    w = weight.float()
-    amax = w.abs().amax(dim=1)
-    scales = torch.where(amax > 0, amax / INT8_MAX, torch.ones_like(amax))
-    q = torch.round(w / scales.unsqueeze(1)).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
-    return q, scales
+    scaled, scales = scale_rows(weight, INT8_MAX)
+    return torch.round(scaled).to(torch.int8), scales
 
 
 class Int8LinearMethod(PerChannelLinearMethod):

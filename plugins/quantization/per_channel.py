@@ -18,6 +18,15 @@ def as_float(tensor: Any) -> torch.Tensor:
     return tensor
 
 
+def scale_rows(weight: torch.Tensor, qmax: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(weight / scales[:, None] in float32, scales)`` with ``scales = max|row| / qmax`` (zero rows:
+    scale 1), clamped to [-qmax, qmax]: what a per-channel format then rounds to its type."""
+    w = weight.float()
+    amax = w.abs().amax(dim=1)
+    scales = torch.where(amax > 0, amax / qmax, torch.ones_like(amax))
+    return (w / scales.unsqueeze(1)).clamp(-qmax, qmax), scales
+
+
 class PerChannelLinearMethod(LinearMethod):
     """Subclasses set ``qdtype``, ``quantize_rows(weight) -> (q, scales)`` and ``op(x, q, scales, bias)``."""
 
