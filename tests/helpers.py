@@ -160,3 +160,27 @@ def run_server(tmp_path, args: list[str] = (), sites: list[str] = (), timeout: f
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(10)
         log.close()
+
+
+def check_fused_decode(decoder, fused, tol: float) -> list[int]:
+    """Install a ``decode_kernel`` on ``decoder`` that runs ``fused`` and, for every step it takes,
+    the layer-by-layer path too, asserting they agree within ``tol``; returns the list the batch
+    size of each compared step is appended to."""
+    import torch
+
+    compared: list[int] = []
+
+    def checked(input_ids, positions, hidden):
+        out = fused(input_ids, positions, hidden.clone())
+        if out is not None:
+            decoder.decode_kernel = None
+            try:
+                ref = decoder(input_ids, positions)
+            finally:
+                decoder.decode_kernel = checked
+            torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
+            compared.append(input_ids.shape[0])
+        return out
+
+    decoder.decode_kernel = checked
+    return compared

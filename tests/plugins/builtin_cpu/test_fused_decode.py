@@ -12,7 +12,7 @@ import random
 import pytest
 import torch
 
-from helpers import hf_greedy, hf_model
+from helpers import check_fused_decode, hf_greedy, hf_model
 from host import LLM, SamplingParams
 
 TINY = dict(
@@ -43,21 +43,7 @@ def test_fused_decode_matches_layer_by_layer_and_transformers(tiny_checkpoint, a
     decoder = llm.engine.executor.worker.model_runner.model.model
     fused = decoder.decode_kernel
     assert fused is not None, "float32 Llama-family models get the fused decode path on CPU"
-    compared = []
-
-    def checked(input_ids, positions, hidden):
-        out = fused(input_ids, positions, hidden.clone())
-        if out is not None:
-            decoder.decode_kernel = None
-            try:
-                ref = decoder(input_ids, positions)
-            finally:
-                decoder.decode_kernel = checked
-            torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
-            compared.append(input_ids.shape[0])
-        return out
-
-    decoder.decode_kernel = checked
+    compared = check_fused_decode(decoder, fused, tol=1e-4)
     rng = random.Random(3)
     prompts = [[rng.randrange(3, 300) for _ in range(n)] for n in (3, 11, 1, 17)]
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(max_tokens=10, temperature=0, ignore_eos=True))

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType as QT
 from torch import nn
 
+from helpers import check_fused_decode
 from host.plugins.builtin_cpu.kernels import cpu_kernels
 
 FORMATS = [QT.Q4_0, QT.Q4_1, QT.Q8_0, QT.Q4_K, QT.Q6_K]
@@ -236,21 +237,7 @@ def test_fused_decode_over_quantized_layers_matches_layer_by_layer(tiny_checkpoi
             setattr(owner, attr, standin)
     assert FusedDecode.supports(decoder) is None, "GGUF and int8 layers qualify for the fused path"
     fused = FusedDecode(decoder, k, max_rows=8)
-    compared = []
-
-    def checked(input_ids, positions, hidden):
-        out = fused(input_ids, positions, hidden.clone())
-        if out is not None:
-            decoder.decode_kernel = None
-            try:
-                ref = decoder(input_ids, positions)
-            finally:
-                decoder.decode_kernel = checked
-            torch.testing.assert_close(out, ref, atol=2e-4, rtol=2e-4)
-            compared.append(input_ids.shape[0])
-        return out
-
-    decoder.decode_kernel = checked
+    compared = check_fused_decode(decoder, fused, tol=2e-4)
     prompts = [[3 + (7 * i + j) % 290 for j in range(n)] for i, n in enumerate((5, 1, 9))]
     llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
     assert compared and max(compared) == 3, "decode steps of the whole batch went through the fused path"
