@@ -136,7 +136,18 @@ class EngineArgs:
         help="force a registered attention backend by name (host plugins list --all shows them)",
         default_text="platform's choice",
     )
-    distributed_executor_backend: str = flag("uniproc", help="the registered executor (host.executors) that drives the workers")
+    tensor_parallel_size: int = flag(1, short="-tp", help="worker ranks each layer's weights are split over (tensor parallelism)")
+    pipeline_parallel_size: int = flag(1, short="-pp", help="pipeline stages the layers are split over, one worker group each")
+    data_parallel_size: int = flag(
+        1, short="-dp", help="engine replicas behind one front end, each with its own workers; requests balanced by load"
+    )
+    pp_layer_partition: list[int] | None = flag(
+        help="layers per pipeline stage, e.g. 10,14 for -pp 2", parse="int_list", default_text="as even as possible"
+    )
+    distributed_executor_backend: str | None = flag(
+        help="the registered executor (host.executors) that drives one engine's workers: uniproc, mp, ray",
+        default_text="uniproc for one worker, mp for more",
+    )
     optimization_level: int = flag(2, help="0 (eager) to 3; see docs/cuda.md", short="-O")
     enforce_eager: bool = flag(False, help="no device graphs and no torch.compile, whatever the -O level")
     custom_ops: bool | None = flag(help="the platform's fused kernels", default_text="on from -O1")
@@ -225,7 +236,13 @@ class EngineArgs:
                 policy=self.scheduling_policy,
                 async_scheduling=self.async_scheduling if self.async_scheduling is not None else platform.device_type != "cpu",
             ),
-            parallel=ParallelConfig(distributed_executor_backend=self.distributed_executor_backend),
+            parallel=ParallelConfig(
+                tensor_parallel_size=self.tensor_parallel_size,
+                pipeline_parallel_size=self.pipeline_parallel_size,
+                data_parallel_size=self.data_parallel_size,
+                pp_layer_partition=self.pp_layer_partition,
+                distributed_executor_backend=self.distributed_executor_backend,
+            ),
             quant=_quantization_config(self.quantization, self.quantization_config),
             attention_backend=self.attention_backend,
             device=platform.device_type,

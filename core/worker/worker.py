@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import torch
@@ -44,6 +45,14 @@ class Worker:
             self.device = torch.device(self.platform.device_type, visible)
             getattr(torch, self.platform.device_type).set_device(self.device)
         torch.manual_seed(self.config.model.seed)
+        parallel = self.config.parallel
+        if parallel.world_size > 1:
+            from host.core.distributed.parallel_state import init_distributed
+
+            if self.device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+                # the ranks share this machine's cores
+                torch.set_num_threads(max(1, (os.cpu_count() or 1) // parallel.world_size))
+            init_distributed(parallel, self.rank, self.local_rank, self.platform.dist_backend, self.device)
         self.model_runner = ModelRunner(self.config, self.device, self.platform)
 
     def load_model(self) -> None:
@@ -112,3 +121,7 @@ class Worker:
 
     def shutdown(self) -> None:
         self.model_runner = None
+        if self.config.parallel.world_size > 1:
+            from host.core.distributed.parallel_state import destroy_distributed
+
+            destroy_distributed()

@@ -73,7 +73,9 @@ def _option(field: dataclasses.Field) -> inspect.Parameter:
         annotation, decls = Optional[bool], [f"{name}/--no-{name[2:]}", *shorts]
     elif meta["parse"] is not None:
         annotation, decls = Optional[str], [name, *shorts]
-        extra["metavar"] = {"bytes": "SIZE", "graph_sizes": "SIZES", "quantization": "METHOD", "json": "JSON"}[meta["parse"]]
+        extra["metavar"] = {
+            "bytes": "SIZE", "graph_sizes": "SIZES", "quantization": "METHOD", "json": "JSON", "int_list": "N,N,...",
+        }[meta["parse"]]
     elif meta["choices"] is not None:
         annotation, decls = Optional[Literal[tuple(meta["choices"])]], [name, *shorts]
     elif kind in (int, float, str):
@@ -147,6 +149,14 @@ def _parse_graph_sizes(field: dataclasses.Field, value: str) -> dict[str, Any]:
         ) from None
 
 
+def _parse_int_list(field: dataclasses.Field, value: str) -> dict[str, Any]:
+    """``10,14`` (or spaces): a list of integers."""
+    try:
+        return {field.name: [int(x) for x in value.replace(" ", ",").split(",") if x]}
+    except ValueError:
+        raise typer.BadParameter(f"{value!r} is not a list of integers; use e.g. 10,14", param_hint=flag_name(field)) from None
+
+
 def _parse_quantization(field: dataclasses.Field, value: str) -> dict[str, Any]:
     """A registered quantization method (third-party ones included: the ``host.quantization`` group
     is loaded here to list them) or ``none``."""
@@ -182,6 +192,7 @@ _PARSERS: dict[str, Callable[[dataclasses.Field, str], dict[str, Any]]] = {
     "graph_sizes": _parse_graph_sizes,
     "quantization": _parse_quantization,
     "json": _parse_json,
+    "int_list": _parse_int_list,
 }
 
 

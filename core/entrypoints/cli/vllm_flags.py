@@ -7,9 +7,8 @@ A script written for ``vllm serve`` passes flags such as ``--trust-remote-code``
 - *accepted without effect*: given, it logs ONE warning line saying why it does nothing here
   (never silently), and the server starts;
 - *refused*: a usage error (exit code 2) naming the flag, the reason and what to do instead;
-- *a value host already runs with* (``accept``): ``--tensor-parallel-size 1`` or
-  ``--tokenizer-mode auto`` describe what host does anyway and start without a line; any other
-  value is refused (or only logged, for flags whose other values merely do not apply).
+- *a value host already runs with* (``accept``): ``--tokenizer-mode auto`` or ``--cpu-offload-gb 0``
+  describe what host does anyway and start without a line; any other value is refused (or only logged, for flags whose other values merely do not apply).
 
 The vLLM flags host implements are ordinary options (engine flags such as ``--seed``,
 ``--max-logprobs``, ``--dtype half``, ``--kv-cache-dtype fp8``, ``--enable-chunked-prefill``, or ``host serve``'s own,
@@ -59,7 +58,7 @@ VLLM_FLAGS: tuple[VllmFlag, ...] = (
     VllmFlag("--disable-frontend-multiprocessing", "the OpenAI front end always runs in the API process, the engine in its own"),
     VllmFlag("--disable-log-requests", "host does not log each request (the periodic stats line is --disable-log-stats)"),
     VllmFlag("--enable-log-requests", "host does not log each request; /metrics and --stat-loggers report them"),
-    VllmFlag("--disable-custom-all-reduce", "host runs one device per engine: there is no all-reduce"),
+    VllmFlag("--disable-custom-all-reduce", "host picks its shared-memory all-reduce per call and falls back to torch.distributed by itself"),
     VllmFlag("--enable-request-id-headers", "host's responses carry no X-Request-Id header"),
     VllmFlag("--use-v2-block-manager", "host has one block manager, the paged one (the flag is gone from vLLM too)"),
     VllmFlag("--disable-sliding-window", "host's built-in architectures use full attention"),
@@ -67,7 +66,7 @@ VLLM_FLAGS: tuple[VllmFlag, ...] = (
     VllmFlag("--enforce-eager-prefill", "host's prefill never runs in device graphs"),
     VllmFlag("--return-tokens-as-token-ids", "set return_tokens_as_token_ids on the request instead"),
     VllmFlag("--enable-force-include-usage", "request usage with stream_options.include_usage"),
-    VllmFlag("--worker-use-ray", "host's executors are plugins (--distributed-executor-backend); there is no Ray one"),
+    VllmFlag("--worker-use-ray", "use --distributed-executor-backend ray (vLLM removed this flag too)", refuse=True),
     # values that change nothing here
     VllmFlag("--download-dir", "host never downloads weights: the model is a local folder or .gguf file", takes_value=True),
     VllmFlag("--revision", "host never downloads weights: the local folder is the revision", takes_value=True),
@@ -92,10 +91,6 @@ VLLM_FLAGS: tuple[VllmFlag, ...] = (
     VllmFlag("--compilation-config", "use -O0 ... -O3, --torch-compile and --cuda-graph-sizes", takes_value=True),
     VllmFlag("--override-generation-config", "sampling defaults come from the request", takes_value=True),
     # refused: host cannot do what they ask
-    VllmFlag("--tensor-parallel-size", "host runs a model on one device; use 1 or drop the flag", takes_value=True, refuse=True, accept=("1",)),
-    VllmFlag("--pipeline-parallel-size", "host runs a model on one device; use 1 or drop the flag", takes_value=True, refuse=True, accept=("1",)),
-    VllmFlag("--data-parallel-size", "host runs one engine per server; start several servers behind a load balancer",
-             takes_value=True, refuse=True, accept=("1",)),
     VllmFlag("--enable-lora", "host serves no LoRA adapters; merge the adapter into the weights", refuse=True),
     VllmFlag("--lora-modules", "host serves no LoRA adapters; merge the adapter into the weights", takes_value=True, refuse=True),
     VllmFlag("--limit-mm-per-prompt", "host serves text-only models", takes_value=True, refuse=True),

@@ -83,7 +83,7 @@ def test_values_host_runs_with_anyway_start_without_a_line(serve, caplog):
 
 
 @pytest.mark.parametrize("args, reason", [
-    (["--tensor-parallel-size", "2"], "host runs a model on one device"),
+    (["--worker-use-ray"], "--distributed-executor-backend ray"),
     (["--enable-lora"], "no LoRA adapters"),
     (["--tool-parser-plugin", "my_parser.py"], "host.tool_parsers"),
 ])
