@@ -57,6 +57,10 @@ def init_distributed(
     groups = rank_grid(world, tp, pp)
     _TP = GroupCoordinator(groups["tp"], rank, local_rank, backend, "tp", device)
     _PP = GroupCoordinator(groups["pp"], rank, local_rank, backend, "pp", device)
+    if backend == "gloo":  # CPU ranks: the same-host shared-memory all-reduce (off with HOST_SHM_ALLREDUCE=0)
+        from host.core.distributed.shm_all_reduce import install_shm_all_reduce
+
+        install_shm_all_reduce(_TP)
     if rank == 0:
         logger.info("Distributed: world %d, tensor parallel groups %s, pipeline parallel groups %s", world, groups["tp"], groups["pp"])
 
