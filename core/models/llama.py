@@ -11,6 +11,14 @@ two); :meth:`LlamaForCausalLM.load_weights` splits Hugging Face checkpoints into
 With a quantization plan (``quant_plan``, see :mod:`host.core.models.quant_plan`) the linear layers
 and the token embedding it names are built as :class:`QuantLinear` / :class:`QuantEmbedding`; their
 checkpoint tensors go to the layer's method instead of a parameter copy.
+
+Distributed (``shard``, a :class:`ModelShard`; default: this process's groups): with ``-tp N`` the
+projections are the tensor-parallel layers of :mod:`host.core.models.parallel_layers` (q heads
+split, kv heads split or replicated, one all-reduce after ``o_proj`` and one after ``down_proj``,
+vocabulary-split embedding and LM head); at ``-tp 1`` they are the plain modules. With ``-pp N`` a
+stage builds only its layers (:mod:`host.core.models.pipeline`), the embedding only on the first
+stage and the final norm and LM head only on the last; ``forward`` then takes and returns the
+``{"hidden", "residual"}`` pair passed between stages.
 """
 
 from __future__ import annotations
@@ -29,7 +37,21 @@ from host.core.models.layers import (
     SiluAndMul,
     rope_parameters_from_config,
 )
-from host.core.models.quant_linear import QuantEmbedding, QuantLinear, finish_loading, make_embedding, make_linear
+from host.core.models.parallel_layers import (
+    PARALLEL_LAYERS,
+    ModelShard,
+    ParallelLMHead,
+    VocabParallelEmbedding,
+    check_tp_shardable,
+    column_linear,
+    kv_heads_per_rank,
+    lm_head,
+    qkv_shard_rows,
+    row_linear,
+    vocab_embedding,
+)
+from host.core.models.pipeline import MissingLayer, stage_layers
+from host.core.models.quant_linear import QuantEmbedding, QuantLinear, finish_loading
 
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 # Hugging Face sub-projection -> (our fused parameter, shard id)
@@ -69,19 +91,28 @@ class DecoderAttention(nn.Module):
         o_bias: bool,
         qk_norm: bool,
         quant: Any = None,
+        shard: ModelShard | None = None,
     ) -> None:
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        shard = shard or ModelShard()
+        tp = shard.tp_size
+        total_heads = config.num_attention_heads
+        total_kv_heads = getattr(config, "num_key_value_heads", None) or total_heads
+        # this rank's heads: q heads split, kv heads split or (fewer kv heads than ranks) replicated
+        self.num_heads = total_heads // tp
+        self.num_kv_heads = kv_heads_per_rank(total_kv_heads, tp)
         self.head_dim = _head_dim(config)
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         prefix = f"model.layers.{layer_idx}.self_attn"
         linear_for = None if quant is None else quant.linear_method
-        self.qkv_proj = make_linear(
-            linear_for, f"{prefix}.qkv_proj", config.hidden_size, [self.q_size, self.kv_size, self.kv_size], qkv_bias, dtype
+        full_q, full_kv = total_heads * self.head_dim, total_kv_heads * self.head_dim
+        rows = qkv_shard_rows(total_heads, total_kv_heads, self.head_dim, shard.tp_rank, tp) if tp > 1 else None
+        self.qkv_proj = column_linear(
+            linear_for, f"{prefix}.qkv_proj", config.hidden_size, [full_q, full_kv, full_kv], qkv_bias, dtype,
+            shard_rows=rows, **shard.tp_kwargs(),
         )
-        self.o_proj = make_linear(linear_for, f"{prefix}.o_proj", self.q_size, [config.hidden_size], o_bias, dtype)
+        self.o_proj = row_linear(linear_for, f"{prefix}.o_proj", full_q, config.hidden_size, o_bias, dtype, **shard.tp_kwargs())
         if qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype=dtype)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype=dtype)
@@ -121,18 +152,23 @@ class DecoderAttention(nn.Module):
 class GatedMLP(nn.Module):
     """SiLU-GLU feed-forward: ``down(silu(gate(x)) * up(x))`` with gate/up fused."""
 
-    def __init__(self, config: Any, dtype: torch.dtype, layer_idx: int = 0, quant: Any = None) -> None:
+    def __init__(
+        self, config: Any, dtype: torch.dtype, layer_idx: int = 0, quant: Any = None, shard: ModelShard | None = None
+    ) -> None:
         super().__init__()
         act = getattr(config, "hidden_act", "silu")
         if act not in ("silu", "swish"):
             raise ValueError(f"hidden_act={act!r} is not supported by this model; only 'silu' is")
+        shard = shard or ModelShard()
         bias = bool(getattr(config, "mlp_bias", False))
-        self.intermediate_size = config.intermediate_size
         hidden, inter = config.hidden_size, config.intermediate_size
+        self.intermediate_size = inter // shard.tp_size  # this rank's
         prefix = f"model.layers.{layer_idx}.mlp"
         linear_for = None if quant is None else quant.linear_method
-        self.gate_up_proj = make_linear(linear_for, f"{prefix}.gate_up_proj", hidden, [inter, inter], bias, dtype)
-        self.down_proj = make_linear(linear_for, f"{prefix}.down_proj", inter, [hidden], bias, dtype)
+        self.gate_up_proj = column_linear(
+            linear_for, f"{prefix}.gate_up_proj", hidden, [inter, inter], bias, dtype, **shard.tp_kwargs()
+        )
+        self.down_proj = row_linear(linear_for, f"{prefix}.down_proj", inter, hidden, bias, dtype, **shard.tp_kwargs())
         self.act = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -149,13 +185,20 @@ class DecoderLayer(nn.Module):
     """
 
     def __init__(
-        self, config: Any, layer_idx: int, dtype: torch.dtype, attn_backend: type | None, quant: Any = None, **attn_kw: bool
+        self,
+        config: Any,
+        layer_idx: int,
+        dtype: torch.dtype,
+        attn_backend: type | None,
+        quant: Any = None,
+        shard: ModelShard | None = None,
+        **attn_kw: bool,
     ) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
-        self.self_attn = DecoderAttention(config, layer_idx, dtype, attn_backend, quant=quant, **attn_kw)
+        self.self_attn = DecoderAttention(config, layer_idx, dtype, attn_backend, quant=quant, shard=shard, **attn_kw)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
-        self.mlp = GatedMLP(config, dtype, layer_idx, quant)
+        self.mlp = GatedMLP(config, dtype, layer_idx, quant, shard)
 
     def forward(
         self, hidden: torch.Tensor, residual: torch.Tensor | None, rope: RopeBatch
@@ -171,20 +214,42 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
-    """Embedding, the decoder layers and the final norm (Hugging Face's ``model.`` prefix)."""
+    """Embedding, the decoder layers and the final norm (Hugging Face's ``model.`` prefix).
+
+    On a pipeline stage only layers ``[start_layer, end_layer)`` are built (the others are
+    :class:`MissingLayer`), the embedding only on the first stage (else ``embed_tokens`` is
+    ``None``) and the final norm only on the last (else ``norm`` is ``None``)."""
 
     def __init__(
-        self, config: Any, dtype: torch.dtype, attn_backend: type | None, quant: Any = None, **attn_kw: bool
+        self,
+        config: Any,
+        dtype: torch.dtype,
+        attn_backend: type | None,
+        quant: Any = None,
+        shard: ModelShard | None = None,
+        **attn_kw: bool,
     ) -> None:
         super().__init__()
-        self.embed_tokens = make_embedding(
-            None if quant is None else quant.embedding_method, "model.embed_tokens", config.vocab_size, config.hidden_size, dtype
+        shard = shard or ModelShard()
+        self.start_layer, self.end_layer = stage_layers(
+            config.num_hidden_layers, shard.pp_rank, shard.pp_size, shard.pp_layer_partition
+        )
+        self.is_first_stage, self.is_last_stage = shard.is_first_stage, shard.is_last_stage
+        self.embed_tokens = (
+            vocab_embedding(
+                None if quant is None else quant.embedding_method, "model.embed_tokens", config.vocab_size,
+                config.hidden_size, dtype, **shard.tp_kwargs(),
+            )
+            if self.is_first_stage
+            else None
         )
         self.layers = nn.ModuleList(
-            DecoderLayer(config, i, dtype, attn_backend, quant, **attn_kw)
+            DecoderLayer(config, i, dtype, attn_backend, quant, shard, **attn_kw)
+            if self.start_layer <= i < self.end_layer
+            else MissingLayer()
             for i in range(config.num_hidden_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype) if self.is_last_stage else None
         self.rotary_emb = RotaryEmbedding(
             _head_dim(config), rope_parameters_from_config(config), config.max_position_embeddings, dtype
         )
@@ -193,16 +258,24 @@ class DecoderModel(nn.Module):
         # does not take, which then runs layer by layer
         self.decode_kernel: Callable[..., torch.Tensor | None] | None = None
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
-        if self.decode_kernel is not None:
-            out = self.decode_kernel(input_ids, positions, hidden)
-            if out is not None:
-                return out
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, intermediate: dict[str, torch.Tensor] | None = None
+    ) -> torch.Tensor | dict[str, torch.Tensor]:
+        if self.is_first_stage:
+            hidden, residual = self.embed_tokens(input_ids), None
+            if self.decode_kernel is not None:
+                out = self.decode_kernel(input_ids, positions, hidden)
+                if out is not None:
+                    return out
+        else:
+            if intermediate is None:
+                raise ValueError("a pipeline stage after the first needs intermediate={'hidden': ..., 'residual': ...} from the stage before")
+            hidden, residual = intermediate["hidden"], intermediate["residual"]
         rope = self.rotary_emb.prepare(positions)
-        residual = None
-        for layer in self.layers:
+        for layer in self.layers[self.start_layer : self.end_layer]:
             hidden, residual = layer(hidden, residual, rope)
+        if not self.is_last_stage:
+            return {"hidden": hidden, "residual": residual}
         if residual is None:  # no layers
             return self.norm(hidden)
         return self.norm(hidden, residual)[0]
@@ -211,8 +284,14 @@ class DecoderModel(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """Llama architecture (also SmolLM2, TinyLlama, Mistral-shaped checkpoints).
 
-    Built as ``LlamaForCausalLM(hf_config, dtype, attn_backend, quant_plan=None)``. Subclasses
-    change the bias and q/k-norm switches only.
+    Built as ``LlamaForCausalLM(hf_config, dtype, attn_backend, quant_plan=None, shard=None)``.
+    Subclasses change the bias and q/k-norm switches only.
+
+    For the model runner: ``start_layer`` / ``end_layer`` (the global layer indices this stage
+    holds), ``is_first_stage`` / ``is_last_stage``, ``kv_heads_per_rank`` (the KV heads each
+    attention layer caches on this rank); ``forward(input_ids, positions, intermediate=None)``
+    (see :meth:`forward`); ``compute_logits`` only on the last stage, called by EVERY
+    tensor-parallel rank there (the vocabulary-split logits are all-gathered).
     """
 
     @staticmethod
@@ -226,40 +305,68 @@ class LlamaForCausalLM(nn.Module):
     qk_norm = False
 
     def __init__(
-        self, hf_config: Any, dtype: torch.dtype = torch.float32, attn_backend: type | None = None, quant_plan: Any = None
+        self,
+        hf_config: Any,
+        dtype: torch.dtype = torch.float32,
+        attn_backend: type | None = None,
+        quant_plan: Any = None,
+        shard: ModelShard | None = None,
     ) -> None:
         super().__init__()
         self.config = hf_config
         self.dtype = dtype
+        self.shard = shard = shard or ModelShard.current()
+        total_heads = hf_config.num_attention_heads
+        total_kv_heads = getattr(hf_config, "num_key_value_heads", None) or total_heads
+        if shard.tp_size > 1:
+            check_tp_shardable(total_heads, total_kv_heads, hf_config.intermediate_size, shard.tp_size)
+        self.kv_heads_per_rank = kv_heads_per_rank(total_kv_heads, shard.tp_size)
         self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
         self.model = DecoderModel(
             hf_config,
             dtype,
             attn_backend,
             quant_plan,
+            shard,
             qkv_bias=self.qkv_bias(hf_config),
             o_bias=self.o_bias(hf_config),
             qk_norm=self.qk_norm,
         )
+        self.start_layer, self.end_layer = self.model.start_layer, self.model.end_layer
+        self.is_first_stage, self.is_last_stage = shard.is_first_stage, shard.is_last_stage
         # a platform may set this to a module computing ``hidden @ lm_head.weight^T`` faster
         # (for example with repacked weights); see Platform.prepare_model
         self.logits_head: nn.Module | None = None
-        if self.tie_word_embeddings:
+        if not self.is_last_stage:
+            self.lm_head = None
+        elif self.tie_word_embeddings and self.is_first_stage:
             self.lm_head = self.model.embed_tokens
+        elif self.tie_word_embeddings:  # the last stage holds its own copy of the tied embedding
+            self.lm_head = vocab_embedding(
+                None if quant_plan is None else quant_plan.embedding_method, "model.embed_tokens",
+                hf_config.vocab_size, hf_config.hidden_size, dtype, **shard.tp_kwargs(),
+            )
         else:
-            self.lm_head = make_linear(
+            self.lm_head = lm_head(
                 None if quant_plan is None else quant_plan.linear_method,
-                "lm_head", hf_config.hidden_size, [hf_config.vocab_size], False, dtype,
+                "lm_head", hf_config.hidden_size, hf_config.vocab_size, dtype, **shard.tp_kwargs(),
             )
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Hidden states after the final norm, [num_tokens, hidden_size]."""
-        return self.model(input_ids, positions)
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, intermediate: dict[str, torch.Tensor] | None = None
+    ) -> torch.Tensor | dict[str, torch.Tensor]:
+        """Hidden states after the final norm, [num_tokens, hidden_size], on the last pipeline
+        stage; on the others ``{"hidden": ..., "residual": ...}`` (each [num_tokens,
+        hidden_size]) for the next stage, which takes it as ``intermediate`` (required on every
+        stage but the first; ``input_ids`` is then unused)."""
+        return self.model(input_ids, positions, intermediate)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """float32 logits [num_tokens, vocab_size] for the given hidden states."""
         if self.logits_head is not None:
             return self.logits_head(hidden_states).float()
+        if isinstance(self.lm_head, (VocabParallelEmbedding, ParallelLMHead)):
+            return self.lm_head.logits(hidden_states).float()
         if isinstance(self.lm_head, QuantEmbedding):
             return self.lm_head.linear(hidden_states).float()
         if isinstance(self.lm_head, QuantLinear):
@@ -277,6 +384,11 @@ class LlamaForCausalLM(nn.Module):
         name, a shape mismatch or a parameter left unfilled is a ``ValueError``. A tensor for a
         quantized layer goes to its method (``QuantLinear.load_shard``); a GGUF tensor still in
         blocks is dequantized for a layer the plan leaves in float.
+
+        Distributed: a tensor-parallel layer takes the FULL checkpoint tensor and keeps this
+        rank's part (``load_checkpoint``); a pipeline stage skips the tensors of the layers, the
+        embedding, the final norm and the LM head it does not hold (the last stage of a tied
+        model fills its LM head from ``model.embed_tokens.weight``).
         """
         params = dict(self.named_parameters())
         quantized = {
@@ -284,6 +396,7 @@ class LlamaForCausalLM(nn.Module):
             for name, module in self.named_modules()
             if isinstance(module, (QuantLinear, QuantEmbedding))
         }
+        parallel = {name: module for name, module in self.named_modules() if isinstance(module, PARALLEL_LAYERS)}
         filled: dict[str, set[Any]] = {}
         for name, tensor in weights:
             if "rotary_emb.inv_freq" in name:
@@ -292,7 +405,18 @@ class LlamaForCausalLM(nn.Module):
                 name = "model." + name  # a bare base-model checkpoint
             if name == "lm_head.weight" and self.tie_word_embeddings:
                 continue
+            if not self._held(name):
+                continue  # another pipeline stage's tensor
+            if name.startswith("model.embed_tokens.") and not self.is_first_stage:
+                name = "lm_head." + name.removeprefix("model.embed_tokens.")  # the tied head's copy
             target, shard, rows = self._target(name)
+            module_name, _, suffix = target.rpartition(".")
+            owner = parallel.get(module_name)
+            if owner is not None:
+                rel = owner.load_checkpoint(suffix, self._shard_index(owner, shard), tensor)
+                if rel is not None:
+                    filled.setdefault(f"{module_name}.{rel}", set()).add(shard)
+                continue
             if target in quantized:
                 layer = quantized[target]
                 layer.load_shard(self._shard_index(layer, shard), tensor)
@@ -330,10 +454,23 @@ class LlamaForCausalLM(nn.Module):
             return 0
         return {"q": 0, "k": 1, "v": 2}.get(shard, shard) if isinstance(shard, str) else int(shard)
 
+    def _held(self, name: str) -> bool:
+        """Whether this pipeline stage holds the parameter of checkpoint tensor ``name`` (a layer
+        index beyond the config's counts as held, so that it is reported as unknown)."""
+        match = _LAYER_RE.match(name)
+        if match is not None:
+            idx = int(match.group(1))
+            return idx >= len(self.model.layers) or self.start_layer <= idx < self.end_layer
+        if name.startswith("model.embed_tokens."):
+            return self.is_first_stage or (self.tie_word_embeddings and self.is_last_stage)
+        if name.startswith(("model.norm.", "lm_head.")):
+            return self.is_last_stage
+        return True
+
     @staticmethod
     def _shards(param_name: str) -> set[Any]:
         """The shards a parameter is assembled from (``{None}``: one tensor, not fused)."""
-        module = param_name.rsplit(".", 1)[0]
+        module = param_name.rsplit(".", 1)[0].removesuffix(".linear")  # a tensor-parallel layer's child
         if module.endswith("qkv_proj"):
             return {"q", "k", "v"}
         if module.endswith("gate_up_proj"):
@@ -351,6 +488,8 @@ class LlamaForCausalLM(nn.Module):
             return name, None, None
         fused, shard = _STACKED[module]
         layer = self.model.layers[idx]
+        if isinstance(layer.self_attn.qkv_proj if fused == "self_attn.qkv_proj" else layer.mlp.gate_up_proj, PARALLEL_LAYERS):
+            return f"model.layers.{idx}.{fused}.{suffix}", shard, None  # the layer slices
         if fused == "self_attn.qkv_proj":
             rows = layer.self_attn.shard_slice(shard)
         else:

@@ -153,8 +153,12 @@ def load_model(
     attn_backend: type | None,
     device: str | torch.device = "cpu",
     quant_plan: Any = None,
+    parallel_config: Any = None,
 ) -> tuple[nn.Module, Any]:
     """Build the model ``model_config`` names on ``device`` and load its weights.
+
+    With ``parallel_config`` of more than one rank the model is built for this worker's place
+    (``shard``: its tensor-parallel part and pipeline stage, ``--pp-layer-partition`` included).
 
     Returns ``(model, hf_config)``; the model is in eval mode with gradients off. Also fills
     ``model_config.hf_config``, ``.architecture`` and ``.resolved_path``; a config already there
@@ -191,8 +195,9 @@ def load_model(
         from host.core.models.quant_plan import registered_methods
 
         bound = quant_plan.bind(registered_methods())
+    extra = _shard_kwargs(model_cls, parallel_config)
     with torch.device(device):
-        model = model_cls(hf_config, dtype, attn_backend) if bound is None else _build_quantized(model_cls, hf_config, dtype, attn_backend, bound)
+        model = model_cls(hf_config, dtype, attn_backend, **extra) if bound is None else _build_quantized(model_cls, hf_config, dtype, attn_backend, bound, **extra)
     with torch.no_grad():
         if fmt == "dummy":
             if bound is not None:
@@ -220,9 +225,25 @@ def load_model(
     return model, hf_config
 
 
-def _build_quantized(model_cls: type, hf_config: Any, dtype: torch.dtype, attn_backend: Any, bound: Any) -> nn.Module:
+def _shard_kwargs(model_cls: type, parallel_config: Any) -> dict[str, Any]:
+    """``{"shard": ModelShard}`` for a model built on one rank of several, else nothing."""
+    if parallel_config is None or parallel_config.world_size == 1:
+        return {}
+    import inspect
+
+    if "shard" not in inspect.signature(model_cls.__init__).parameters:
+        raise ValueError(
+            f"model class {model_cls.__name__} takes no shard, so it cannot run with -tp/-pp above 1; "
+            "use -tp 1 -pp 1, or build it from host.core.models.parallel_layers as LlamaForCausalLM does"
+        )
+    from host.core.models.parallel_layers import ModelShard
+
+    return {"shard": ModelShard.current(parallel_config.pp_layer_partition)}
+
+
+def _build_quantized(model_cls: type, hf_config: Any, dtype: torch.dtype, attn_backend: Any, bound: Any, **extra: Any) -> nn.Module:
     try:
-        return model_cls(hf_config, dtype, attn_backend, quant_plan=bound)
+        return model_cls(hf_config, dtype, attn_backend, quant_plan=bound, **extra)
     except TypeError as exc:
         if "quant_plan" not in str(exc):
             raise

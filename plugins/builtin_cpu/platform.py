@@ -73,7 +73,10 @@ class CpuPlatform(Platform):
 
             register_cpu_quant_kernels(kernels)  # gguf_linear / int8_linear for "cpu" in the kernel table
             attach_fused_ops(model, kernels)
-            attach_fused_decode(model, kernels, max_rows=self.small_batch_rows)
+            parallel = getattr(config, "parallel", None)
+            if parallel is None or parallel.world_size == 1:
+                # the fused step runs the whole layer stack with no collectives: one rank only
+                attach_fused_decode(model, kernels, max_rows=self.small_batch_rows)
 
     def get_device_total_memory(self, device_id: int = 0) -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
