@@ -13,6 +13,7 @@ between steps (an empty heartbeat when idle), so the front end can tell a stoppe
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import time
 import traceback
@@ -52,6 +53,7 @@ class EngineCoreProc:
         self.output = self.ctx.socket(zmq.PUSH)
         self.output.connect(output_addr)
         self.engine = EngineCore(config)
+        self.engine_index = config.parallel.data_parallel_rank  # -dp: stamped on every message
         self.running = True
 
     # -- messages -------------------------------------------------------------------------------
@@ -98,6 +100,7 @@ class EngineCoreProc:
     def _send(self, msg: EngineCoreOutputs) -> None:
         self._last_send = time.monotonic()
         msg.timestamp = time.time()
+        msg.engine_index = self.engine_index
         self.output.send(encoder.encode(msg), copy=False)
 
     # -- the loop -------------------------------------------------------------------------------
@@ -115,9 +118,25 @@ class EngineCoreProc:
             while self.input in events:
                 self._handle(self.input.recv())
                 events = dict(poller.poll(0))
-            if self.running and self._busy():
-                # sent every step, outputs or not: the stats feed the server's metrics
-                self._send(self.engine.step())
+            try:
+                self.engine.executor.check_health()  # a dead worker process (mp, ray) ends the engine
+                if self.running and self._busy():
+                    # sent every step, outputs or not: the stats feed the server's metrics
+                    self._send(self.engine.step())
+            except Exception as exc:
+                self._fail_requests(f"{type(exc).__name__}: {exc}")
+                raise
+
+    def _fail_requests(self, reason: str) -> None:
+        """The engine cannot go on (e.g. a worker died): every request it holds fails with
+        ``reason`` before the process exits (the front end then sees the engine gone)."""
+        logger.error("engine failed, failing its %d requests: %s", len(self.engine.scheduler.requests), reason)
+        outs = [
+            EngineCoreOutput(req_id=req_id, new_token_ids=[], finish_reason="abort", error=reason)
+            for req_id in list(self.engine.scheduler.requests)
+        ]
+        if outs:
+            self._send(EngineCoreOutputs(outputs=outs))
 
     def close(self) -> None:
         self.engine.shutdown()
@@ -126,10 +145,32 @@ class EngineCoreProc:
         self.ctx.term()
 
 
+def _data_parallel_setup(parallel: Any) -> None:
+    """One of ``-dp N`` engines: its log records say ``(engine i)``, and on the CPU it takes its
+    share of the machine's cores (``os.cpu_count() // N`` torch threads) unless
+    ``OMP_NUM_THREADS`` is set."""
+    rank, size = parallel.data_parallel_rank, parallel.data_parallel_size
+    if size <= 1:
+        return
+
+    def label(record: logging.LogRecord) -> bool:
+        record.name = f"{record.name} (engine {rank})"
+        return True
+
+    for handler in logging.getLogger("host").handlers:
+        handler.addFilter(label)
+    if "OMP_NUM_THREADS" not in os.environ:
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
+    logger.info("data-parallel engine %d of %d: pid %d", rank, size, os.getpid())
+
+
 def run_engine_core(config: Any, input_addr: str, output_addr: str, ready_addr: str) -> None:
     """Entry point of the spawned engine process; reports readiness (or the startup error) on
     ``ready_addr`` before serving."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front end decides when we stop
+    _data_parallel_setup(config.parallel)
     ctx = zmq.Context()
     ready = ctx.socket(zmq.PUSH)
     ready.connect(ready_addr)

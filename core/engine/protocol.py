@@ -143,6 +143,9 @@ class EngineCoreOutputs(msgspec.Struct, omit_defaults=True):
     # an idle engine's "still here" (about once a second, nothing else set): the client records
     # when it last heard from the engine (/health's heartbeat check) and drops it
     heartbeat: bool = False
+    # which data-parallel engine sent this (its parallel.data_parallel_rank; -dp, the /metrics
+    # "engine" label)
+    engine_index: int = 0
 
 
 def _enc_hook(obj: Any) -> Any:

@@ -21,6 +21,7 @@ import uuid
 from typing import Any, AsyncIterator
 
 from host.core.engine.client import AsyncMPClient, EngineDeadError, EngineStartupError
+from host.core.engine.dp_client import DPAsyncMPClient
 from host.core.engine.protocol import SchedulerStats
 from host.core.frontend.beam_search import BeamSearch, BeamSearchParams, check_step_logprobs
 from host.core.frontend.input_processor import InputProcessor
@@ -46,7 +47,7 @@ class _Stream:
 class AsyncLLM:
     """Front-end engine client for the API server (process 0)."""
 
-    def __init__(self, config: Any, tokenizer: Any, engine_core: AsyncMPClient) -> None:
+    def __init__(self, config: Any, tokenizer: Any, engine_core: AsyncMPClient | DPAsyncMPClient) -> None:
         self.config = config
         self.tokenizer = tokenizer
         self.engine_core = engine_core
@@ -68,7 +69,10 @@ class AsyncLLM:
         from host.core.models.tokenizer import get_tokenizer
 
         tokenizer = get_tokenizer(config.model.tokenizer)
-        engine_core = await AsyncMPClient.start(config, startup_timeout)
+        if config.parallel.data_parallel_size > 1:  # -dp N: N engine processes, requests balanced
+            engine_core = await DPAsyncMPClient.start(config, startup_timeout)
+        else:
+            engine_core = await AsyncMPClient.start(config, startup_timeout)
         return cls(config, tokenizer, engine_core)
 
     async def shutdown(self) -> None:
@@ -280,7 +284,7 @@ class AsyncLLM:
                 done = self._dispatch(outputs.outputs) if outputs.outputs else None
                 if self.stat_loggers is not None and (done is not None or outputs.scheduler_stats is not None):
                     # before any await: the gauges are current when a client sees its last chunk
-                    self.stat_loggers.on_step(outputs.scheduler_stats, done, len(self._streams))
+                    self.stat_loggers.on_step(outputs.scheduler_stats, done, len(self._streams), outputs.engine_index)
                 if done is not None and done.reqs_to_abort:
                     await self.engine_core.abort_requests_async(done.reqs_to_abort)
         except asyncio.CancelledError:

@@ -6,7 +6,9 @@ stat logger. It runs in the API process.
 engine step it builds one :class:`~host.sdk.stat_logger.IterationStats` from the output
 processor's :class:`~host.core.frontend.output_processor.ProcessedOutputs` and from the
 scheduler's totals (this step's share of preemptions and prefix-cache lookups), then calls
-``record`` on each logger. A prompt that the front end ends (a client that went away, or an
+``record`` on each logger. With ``-dp N`` there is one instance of each logger per engine
+(its context's ``engine_index`` set, the ``engine`` label of ``/metrics``), and each engine's
+steps go to its own instances. A prompt that the front end ends (a client that went away, or an
 engine error) is reported at once, in a ``record(None, stats)`` call that carries only that
 prompt. A background task calls ``log()`` every ``log_interval`` seconds.
 
@@ -17,6 +19,7 @@ others keep being called.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from typing import Iterable
@@ -68,12 +71,15 @@ def select_stat_loggers(
 class StatLoggerManager:
     """Every stat logger of one server, fed after each engine step."""
 
-    def __init__(self, loggers: list[StatLogger], log_interval: float = 10.0) -> None:
+    def __init__(self, loggers: list[StatLogger], log_interval: float = 10.0, per_engine: list[list[StatLogger]] | None = None) -> None:
+        """``loggers`` are fed every step; with ``per_engine`` (one list per data-parallel
+        engine, together ``loggers``) engine ``i``'s steps go to ``per_engine[i]`` only."""
         if log_interval <= 0:
             raise ValueError(f"log_stats_interval={log_interval} must be > 0 seconds, e.g. 10")
         self.loggers = loggers
+        self.per_engine = per_engine if per_engine is not None else [loggers]
         self.log_interval = log_interval
-        self._last: SchedulerStats | None = None
+        self._last: dict[int, SchedulerStats] = {}  # per engine
         self._failed: set[str] = set()
         self._task: asyncio.Task[None] | None = None
 
@@ -85,9 +91,15 @@ class StatLoggerManager:
         specs: Iterable[str] = (),
         disable_log_stats: bool = False,
     ) -> "StatLoggerManager":
-        """Select the loggers (:func:`select_stat_loggers`) and create each one with ``context``."""
-        loggers = [registry[name](context, arg) for name, arg in select_stat_loggers(registry, specs, disable_log_stats).items()]
-        return cls(loggers, context.log_interval)
+        """Select the loggers (:func:`select_stat_loggers`) and create each one with ``context``:
+        once per data-parallel engine (``context.config.parallel.data_parallel_size``), each
+        with a copy of ``context`` whose ``engine_index`` is that engine's."""
+        chosen = select_stat_loggers(registry, specs, disable_log_stats)
+        parallel = getattr(context.config, "parallel", None)
+        engines = getattr(parallel, "data_parallel_size", 1)
+        contexts = [context] if engines == 1 else [dataclasses.replace(context, engine_index=i) for i in range(engines)]
+        per_engine = [[registry[name](ctx, arg) for name, arg in chosen.items()] for ctx in contexts]
+        return cls([lg for group in per_engine for lg in group], context.log_interval, per_engine)
 
     @property
     def names(self) -> list[str]:
@@ -113,9 +125,11 @@ class StatLoggerManager:
         self._each("shutdown")
 
     # -- stats --------------------------------------------------------------------------------
-    def on_step(self, scheduler_stats: SchedulerStats | None, done: ProcessedOutputs | None, in_flight: int = 0) -> None:
+    def on_step(
+        self, scheduler_stats: SchedulerStats | None, done: ProcessedOutputs | None, in_flight: int = 0, engine_index: int = 0
+    ) -> None:
         """One engine step's outputs (``done``, already processed) and the scheduler snapshot
-        that came with them."""
+        that came with them, from data-parallel engine ``engine_index``."""
         now = time.monotonic()
         stats = IterationStats(timestamp=now, num_requests_in_flight=in_flight)
         if done is not None:
@@ -125,7 +139,7 @@ class StatLoggerManager:
             stats.inter_token_latencies = done.inter_token_latencies
             stats.finished_requests = [finished_stats(f.result, f.timing, f.params, now) for f in done.finished]
         if scheduler_stats is not None:
-            last = self._last
+            last = self._last.get(engine_index)
             if last is not None:
                 stats.num_preemptions = max(scheduler_stats.num_preemptions - last.num_preemptions, 0)
                 stats.prefix_cache_queries = max(scheduler_stats.prefix_cache_queries - last.prefix_cache_queries, 0)
@@ -134,19 +148,23 @@ class StatLoggerManager:
                 stats.num_preemptions = scheduler_stats.num_preemptions
                 stats.prefix_cache_queries = scheduler_stats.prefix_cache_queries
                 stats.prefix_cache_hits = scheduler_stats.prefix_cache_hits
-            self._last = scheduler_stats
-        self._record(scheduler_stats, stats)
+            self._last[engine_index] = scheduler_stats
+        self._record(scheduler_stats, stats, engine_index)
 
-    def on_ended(self, result: RequestOutput, timing: RequestTiming | None, params: SamplingParams, in_flight: int = 0) -> None:
+    def on_ended(
+        self, result: RequestOutput, timing: RequestTiming | None, params: SamplingParams, in_flight: int = 0, engine_index: int = 0
+    ) -> None:
         """A prompt the front end ended before the engine finished it (a client that went away,
-        an engine error): its unfinished samples count as ``"abort"``."""
+        an engine error): its unfinished samples count as ``"abort"`` (on ``engine_index``'s
+        loggers)."""
         now = time.monotonic()
         stats = IterationStats(timestamp=now, num_requests_in_flight=in_flight)
         stats.finished_requests = [finished_stats(result, timing or RequestTiming(now), params, now)]
-        self._record(None, stats)
+        self._record(None, stats, engine_index)
 
-    def _record(self, scheduler_stats: SchedulerStats | None, stats: IterationStats) -> None:
-        for lg in self.loggers:
+    def _record(self, scheduler_stats: SchedulerStats | None, stats: IterationStats, engine_index: int = 0) -> None:
+        group = self.per_engine[engine_index] if 0 <= engine_index < len(self.per_engine) else self.per_engine[0]
+        for lg in group:
             try:
                 lg.record(scheduler_stats, stats)
             except Exception:  # noqa: BLE001 - one broken sink must not stop serving

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import weakref
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -34,6 +35,18 @@ N_BUCKETS = (1, 2, 5, 10, 20)
 PREEMPTION_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
 FINISH_REASONS = ("stop", "length", "abort")
 WAITING_REASONS = ("capacity", "deferred")
+
+
+_FAMILIES: "weakref.WeakKeyDictionary[CollectorRegistry, dict[str, Any]]" = weakref.WeakKeyDictionary()
+
+
+def _family(kind: Any, name: str, *args: Any, registry: CollectorRegistry, **kwargs: Any) -> Any:
+    """The metric family ``name`` of ``registry``, made on first use: with ``-dp N`` the N engines'
+    loggers share each family, each with its own ``engine`` label value."""
+    made = _FAMILIES.setdefault(registry, {})
+    if name not in made:
+        made[name] = kind(name, *args, registry=registry, **kwargs)
+    return made[name]
 
 
 def build_1_2_5_buckets(max_value: int) -> list[int]:
@@ -68,18 +81,19 @@ class PrometheusStatLogger(StatLogger):
         token_buckets = build_1_2_5_buckets(max_model_len)
 
         def gauge(name: str, doc: str) -> Any:
-            return Gauge(f"{prefix}:{name}", doc, labels, registry=self.registry).labels(*values)
+            return _family(Gauge, f"{prefix}:{name}", doc, labels, registry=self.registry).labels(*values)
 
         def counter(name: str, doc: str) -> Any:
-            return Counter(f"{prefix}:{name}", doc, labels, registry=self.registry).labels(*values)
+            return _family(Counter, f"{prefix}:{name}", doc, labels, registry=self.registry).labels(*values)
 
         def histogram(name: str, doc: str, buckets: Any) -> Any:
-            return Histogram(f"{prefix}:{name}", doc, labels, buckets=buckets, registry=self.registry).labels(*values)
+            return _family(Histogram, f"{prefix}:{name}", doc, labels, buckets=buckets, registry=self.registry).labels(*values)
 
         # scheduler state
         self.running = gauge("num_requests_running", "Number of requests in model execution batches.")
         self.waiting = gauge("num_requests_waiting", "Number of requests waiting to be processed.")
-        by_reason = Gauge(
+        by_reason = _family(
+            Gauge,
             f"{prefix}:num_requests_waiting_by_reason",
             "Number of waiting requests by reason: 'capacity' = waiting for scheduling capacity; "
             "'deferred' = held back by a grammar still compiling. Sum of all reasons equals num_requests_waiting.",
@@ -95,7 +109,8 @@ class PrometheusStatLogger(StatLogger):
         self.preemptions = counter("num_preemptions", "Cumulative number of preemption from the engine.")
         self.prompt_tokens = counter("prompt_tokens", "Number of prefill tokens processed.")
         self.generation_tokens = counter("generation_tokens", "Number of generation tokens processed.")
-        success = Counter(
+        success = _family(
+            Counter,
             f"{prefix}:request_success", "Count of successfully processed requests.",
             labels + ["finished_reason"], registry=self.registry,
         )
@@ -149,13 +164,13 @@ class PrometheusStatLogger(StatLogger):
         if blocks is not None:
             info["num_gpu_blocks"] = str(blocks)
         info["engine"] = str(self.engine_index)
-        gauge = Gauge(f"{self.prefix}:cache_config_info", "Information of the LLMEngine CacheConfig", list(info), registry=self.registry)
+        gauge = _family(Gauge, f"{self.prefix}:cache_config_info", "Information of the LLMEngine CacheConfig", list(info), registry=self.registry)
         gauge.labels(**info).set(1)
         weights = self.context.engine_info.get("weight_bytes")
         if weights is not None:
             quant = str(self.context.engine_info.get("quantization") or "none")
-            w = Gauge(
-                f"{self.prefix}:model_weights_bytes",
+            w = _family(
+                Gauge, f"{self.prefix}:model_weights_bytes",
                 "Bytes the model's weights occupy on the device (quantized blocks and platform repacking included).",
                 ["model_name", "engine", "quantization"], registry=self.registry,
             )

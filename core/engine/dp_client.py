@@ -1,0 +1,221 @@
+"""The data-parallel engine-core client: ``-dp N`` engine-core processes behind one front end.
+
+:class:`DPAsyncMPClient` has :class:`~host.core.engine.client.AsyncMPClient`'s interface, so
+:class:`~host.core.frontend.async_llm.AsyncLLM` drives N engines as it drives one. Each engine is
+an ordinary engine-core process (one ``AsyncMPClient`` each) started with a copy of the config
+whose ``parallel.data_parallel_rank`` is its index; with ``-tp``/``-pp`` each starts its own
+workers.
+
+- **Routing.** A new engine request goes to the engine with the fewest unfinished requests
+  routed to it (running + waiting in that engine, plus any still on their way); ties go to the
+  lowest index. A request stays on its engine for its whole life: its aborts go there, and its
+  entry is dropped once its last output (or its abort) has passed.
+- **Outputs.** One task per engine moves that engine's :class:`EngineCoreOutputs` into one
+  queue, read by :meth:`get_output_async`; each carries its ``engine_index`` (set by the engine
+  process), which the stat loggers label ``/metrics`` with.
+- **Utility calls** (:data:`UTILITY_POLICY`): what describes the deployment (``plugins``,
+  ``describe``) is asked of engine 0; ``reset_prefix_cache`` and ``stats`` go to every engine
+  and are combined (every cache reset; the stats summed); any other method goes to every engine
+  and returns one result per engine, in engine order (:meth:`utility_all_async` does that for
+  any method).
+- **Failure.** The engines serve as one deployment: when any engine process dies the client is
+  dead (``is_alive`` false, so ``/health`` answers 503), every waiter and every later call raises
+  :class:`EngineDeadError` naming the engine, and the surviving engines stay up until
+  :meth:`shutdown_async`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+from typing import Any, Callable
+
+from host.core.engine.client import AsyncMPClient, EngineDeadError, EngineStartupError
+from host.core.engine.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
+
+logger = logging.getLogger("host.engine_client")
+
+
+def _all_true(results: list[Any]) -> bool:
+    return all(bool(r) for r in results)
+
+
+def sum_stats(results: list[Any]) -> dict[str, Any]:
+    """Several engines' :class:`SchedulerStats` (as objects or as the dicts the wire gives) as
+    one: counts and totals summed, ``kv_cache_usage`` averaged, the hit rate recomputed."""
+    rows = [r if isinstance(r, dict) else {f: getattr(r, f) for f in r.__struct_fields__} for r in results]
+    out: dict[str, Any] = {f: 0 for f in SchedulerStats.__struct_fields__}
+    for row in rows:
+        for key, value in row.items():
+            out[key] = out.get(key, 0) + value
+    if rows:
+        out["kv_cache_usage"] = out.get("kv_cache_usage", 0.0) / len(rows)
+    queries = out.get("prefix_cache_queries", 0)
+    out["prefix_cache_hit_rate"] = out.get("prefix_cache_hits", 0) / queries if queries else 0.0
+    return out
+
+
+ENGINE_0 = "engine 0"
+UTILITY_POLICY: dict[str, str | Callable[[list[Any]], Any]] = {
+    "plugins": ENGINE_0,  # every engine loads the same groups; /v1/plugins shows one engine process
+    "describe": ENGINE_0,
+    "reset_prefix_cache": _all_true,  # True only if every engine's cache was reset
+    "stats": sum_stats,
+}
+"""How :meth:`DPAsyncMPClient.utility_async` answers a method: ``ENGINE_0`` asks engine 0 only;
+a function gets every engine's result (in engine order) and combines them. A method not listed
+goes to every engine and returns the list of their results."""
+
+
+def engine_config(config: Any, rank: int) -> Any:
+    """A copy of ``config`` for data-parallel engine ``rank`` (its own ``ParallelConfig``; each
+    engine's executor picks its own ``distributed_init_method``)."""
+    cfg = copy.copy(config)
+    cfg.parallel = copy.copy(config.parallel)
+    cfg.parallel.data_parallel_rank = rank
+    cfg.parallel.distributed_init_method = None
+    return cfg
+
+
+class DPAsyncMPClient:
+    """``data_parallel_size`` engine-core processes behind one asyncio front end (see the module
+    docstring); same calls as :class:`AsyncMPClient`."""
+
+    def __init__(self, engines: list[AsyncMPClient]) -> None:
+        self.engines = engines
+        self.engine_info: dict[str, Any] = dict(
+            engines[0].engine_info, data_parallel_size=len(engines), engine_pids=self.engine_pids,
+        )
+        self._outputs: asyncio.Queue[EngineCoreOutputs | BaseException] = asyncio.Queue()
+        self._owner: dict[str, int] = {}  # unfinished engine request id -> its engine
+        self._load = [0] * len(engines)  # unfinished requests routed to each engine
+        self.dead_reason: str | None = None
+        self._closed = False
+        self._tasks = [asyncio.create_task(self._pump(i)) for i in range(len(engines))]
+
+    @classmethod
+    async def start(cls, config: Any, startup_timeout: float = 600.0) -> "DPAsyncMPClient":
+        """Start ``config.parallel.data_parallel_size`` engine processes at once and wait until
+        all are up; if one fails, the others are stopped and :class:`EngineStartupError` names it."""
+        size = config.parallel.data_parallel_size
+        started = await asyncio.gather(
+            *(AsyncMPClient.start(engine_config(config, rank), startup_timeout) for rank in range(size)),
+            return_exceptions=True,
+        )
+        failed = [(rank, r) for rank, r in enumerate(started) if isinstance(r, BaseException)]
+        if failed:
+            await asyncio.gather(*(r.shutdown_async() for r in started if isinstance(r, AsyncMPClient)))
+            rank, exc = failed[0]
+            raise EngineStartupError(f"data-parallel engine {rank} of {size} failed to start: {exc}") from exc
+        client = cls(list(started))
+        logger.info("data parallel: %d engines up, pids %s", size, client.engine_pids)
+        return client
+
+    # -- health (AsyncMPClient's properties) ----------------------------------------------------
+    @property
+    def is_alive(self) -> bool:
+        return self.dead_reason is None and all(e.is_alive for e in self.engines)
+
+    @property
+    def engine_pid(self) -> int:
+        """Engine 0's pid (the process ``/v1/plugins`` describes)."""
+        return self.engines[0].engine_pid
+
+    @property
+    def engine_pids(self) -> list[int]:
+        return [e.engine_pid for e in self.engines]
+
+    @property
+    def silent_for(self) -> float:
+        """The longest silence among the engines (one wedged engine makes ``/health`` 503)."""
+        return max(e.silent_for for e in self.engines)
+
+    def load(self) -> list[int]:
+        """Unfinished requests routed to each engine, in engine order."""
+        return list(self._load)
+
+    def _fail(self, reason: str) -> None:
+        if self.dead_reason is None:
+            self.dead_reason = reason
+            logger.error("data-parallel engine failed: %s", reason)
+        self._outputs.put_nowait(EngineDeadError(reason))
+
+    async def _pump(self, index: int) -> None:
+        engine = self.engines[index]
+        try:
+            while True:
+                outputs = await engine.get_output_async()
+                for out in outputs.outputs:
+                    if out.finished:
+                        self._release(out.req_id)
+                self._outputs.put_nowait(outputs)
+        except EngineDeadError as exc:
+            if not self._closed:
+                self._fail(f"data-parallel engine {index} of {len(self.engines)} (pid {engine.engine_pid}): {exc}")
+
+    # -- requests -------------------------------------------------------------------------------
+    def _check_alive(self) -> None:
+        if self.dead_reason is not None:
+            raise EngineDeadError(self.dead_reason)
+
+    def _release(self, request_id: str) -> int | None:
+        index = self._owner.pop(request_id, None)
+        if index is not None:
+            self._load[index] -= 1
+        return index
+
+    async def add_request_async(self, request: EngineCoreRequest) -> None:
+        """Send ``request`` to the least-loaded engine, which keeps it for its whole life."""
+        self._check_alive()
+        index = min(range(len(self.engines)), key=self._load.__getitem__)
+        self._owner[request.request_id] = index
+        self._load[index] += 1
+        try:
+            await self.engines[index].add_request_async(request)
+        except BaseException:
+            self._release(request.request_id)
+            raise
+
+    async def abort_requests_async(self, request_ids: list[str]) -> None:
+        """Abort each request on the engine that owns it (unknown or finished ids are ignored)."""
+        by_engine: dict[int, list[str]] = {}
+        for rid in request_ids:
+            index = self._release(rid)
+            if index is not None:
+                by_engine.setdefault(index, []).append(rid)
+        if self.dead_reason is None and not self._closed:
+            await asyncio.gather(*(self.engines[i].abort_requests_async(ids) for i, ids in by_engine.items()))
+
+    async def get_output_async(self) -> EngineCoreOutputs:
+        """The next outputs of any engine; raises :class:`EngineDeadError` once one is gone."""
+        item = await self._outputs.get()
+        if isinstance(item, BaseException):
+            self._outputs.put_nowait(item)  # every later reader fails the same way
+            raise item
+        return item
+
+    async def utility_all_async(self, method: str, *args: Any, timeout: float = 30.0) -> list[Any]:
+        """``EngineCore.utility_<method>(*args)`` in every engine: their results, in engine order."""
+        self._check_alive()
+        return list(await asyncio.gather(*(e.utility_async(method, *args, timeout=timeout) for e in self.engines)))
+
+    async def utility_async(self, method: str, *args: Any, timeout: float = 30.0) -> Any:
+        """A utility call, sent and answered as :data:`UTILITY_POLICY` says for ``method``."""
+        policy = UTILITY_POLICY.get(method)
+        if policy == ENGINE_0:
+            self._check_alive()
+            return await self.engines[0].utility_async(method, *args, timeout=timeout)
+        results = await self.utility_all_async(method, *args, timeout=timeout)
+        return results if policy is None else policy(results)
+
+    async def shutdown_async(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await asyncio.gather(*(e.shutdown_async() for e in self.engines))
+        for task in self._tasks:
+            task.cancel()
+
+
+__all__ = ["DPAsyncMPClient", "UTILITY_POLICY", "engine_config", "sum_stats"]
