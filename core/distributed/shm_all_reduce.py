@@ -245,17 +245,19 @@ class ShmAllReduce:
         self._segment = _Segment(path, self._size(max_bytes), create)
         self.max_bytes = max_bytes
         self._counters = memoryview(self._segment.mm)[: self.world_size * 64].cast("q")
-        self._buffer = torch.frombuffer(self._segment.mm, dtype=torch.uint8)
+        # every slot as a flat tensor of each dtype, made once outside inference mode: a view made
+        # inside it could not be written by a later call outside it (and the reverse works)
+        with torch.inference_mode(False):
+            self._buffer = torch.frombuffer(self._segment.mm, dtype=torch.uint8)
+            for phase in (0, 1):
+                for rank in range(self.world_size):
+                    start = _HEADER + (phase * self.world_size + rank) * max_bytes
+                    for dtype in SUPPORTED_DTYPES:
+                        self._slots[phase, rank, dtype] = self._buffer[start : start + max_bytes].view(dtype)
 
     def _slot(self, phase: int, rank: int, dtype: torch.dtype) -> torch.Tensor:
-        """Slot ``rank`` of set ``phase`` as a flat ``dtype`` tensor (cached)."""
-        key = (phase, rank, dtype)
-        view = self._slots.get(key)
-        if view is None:
-            start = _HEADER + (phase * self.world_size + rank) * self.max_bytes
-            view = self._buffer[start : start + self.max_bytes].view(dtype)
-            self._slots[key] = view
-        return view
+        """Slot ``rank`` of set ``phase`` as a flat ``dtype`` tensor."""
+        return self._slots[phase, rank, dtype]
 
     # -- the all-reduce --------------------------------------------------------------------------
     def accepts(self, t: torch.Tensor) -> bool:

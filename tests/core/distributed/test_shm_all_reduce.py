@@ -78,7 +78,8 @@ def _rank_main(rank: int, init_method: str, init2: str, out) -> None:
         shm = tp.fast_all_reduce
         res: dict = {"installed": isinstance(shm, ShmAllReduce), "pid": os.getpid()}
         res["named_after_setup"] = [n for n in _ours() if n.startswith(f"{NAME_PREFIX}{os.getpid()}-")]
-        res["mismatches"], res["digests"] = _sums(shm, rank, WORLD, dist, tp)
+        with torch.inference_mode():  # as the model runner calls it; the calls below are outside it
+            res["mismatches"], res["digests"] = _sums(shm, rank, WORLD, dist, tp)
         # two ranks of the three: [0, 1] get their own group and communicator, rank 2 a one-rank group
         pair = GroupCoordinator([[0, 1], [2]], rank, rank, "gloo", "pair")
         pair_shm = ShmAllReduce(pair)
