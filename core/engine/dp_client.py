@@ -1,10 +1,11 @@
-"""The data-parallel engine-core client: ``-dp N`` engine-core processes behind one front end.
+"""The data-parallel engine-core clients: ``-dp N`` engine-core processes behind one front end.
 
 :class:`DPAsyncMPClient` has :class:`~host.core.engine.client.AsyncMPClient`'s interface, so
-:class:`~host.core.frontend.async_llm.AsyncLLM` drives N engines as it drives one. Each engine is
-an ordinary engine-core process (one ``AsyncMPClient`` each) started with a copy of the config
-whose ``parallel.data_parallel_rank`` is its index; with ``-tp``/``-pp`` each starts its own
-workers.
+:class:`~host.core.frontend.async_llm.AsyncLLM` (``host serve``) drives N engines as it drives
+one; :class:`DPSyncMPClient` has :class:`~host.core.engine.client.SyncMPClient`'s, for the
+offline :class:`~host.core.frontend.llm.LLM`. Each engine is an ordinary engine-core process (one
+single-engine client each) started with a copy of the config whose ``parallel.data_parallel_rank``
+is its index; with ``-tp``/``-pp`` each starts its own workers.
 
 - **Routing.** A new engine request goes to the engine with the fewest unfinished requests
   routed to it (running + waiting in that engine, plus any still on their way); ties go to the
@@ -29,10 +30,13 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
-from host.core.engine.client import AsyncMPClient, EngineDeadError, EngineStartupError
-from host.core.engine.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
+import zmq
+
+from host.core.engine.client import AsyncMPClient, EngineDeadError, EngineStartupError, SyncMPClient
+from host.core.engine.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats, from_engine_decoder
 
 logger = logging.getLogger("host.engine_client")
 
@@ -78,6 +82,48 @@ def engine_config(config: Any, rank: int) -> Any:
     return cfg
 
 
+def _combine(method: str, results: list[Any]) -> Any:
+    policy = UTILITY_POLICY.get(method)
+    return results if policy is None else policy(results)
+
+
+class _Router:
+    """Which engine owns each unfinished request, and how many each owns."""
+
+    def __init__(self, size: int) -> None:
+        self.owner: dict[str, int] = {}
+        self.load = [0] * size
+
+    def route(self, request_id: str) -> int:
+        """The least-loaded engine (the lowest index among equals), now owning ``request_id``."""
+        index = min(range(len(self.load)), key=self.load.__getitem__)
+        self.owner[request_id] = index
+        self.load[index] += 1
+        return index
+
+    def release(self, request_id: str) -> int | None:
+        """Forget a finished (or aborted) request; its engine, or ``None`` for an unknown id."""
+        index = self.owner.pop(request_id, None)
+        if index is not None:
+            self.load[index] -= 1
+        return index
+
+    def release_finished(self, outputs: EngineCoreOutputs) -> EngineCoreOutputs:
+        for out in outputs.outputs:
+            if out.finished:
+                self.release(out.req_id)
+        return outputs
+
+    def split(self, request_ids: list[str]) -> dict[int, list[str]]:
+        """Release ``request_ids`` (an abort), grouped by the engine that owned them."""
+        by_engine: dict[int, list[str]] = {}
+        for rid in request_ids:
+            index = self.release(rid)
+            if index is not None:
+                by_engine.setdefault(index, []).append(rid)
+        return by_engine
+
+
 class DPAsyncMPClient:
     """``data_parallel_size`` engine-core processes behind one asyncio front end (see the module
     docstring); same calls as :class:`AsyncMPClient`."""
@@ -88,8 +134,7 @@ class DPAsyncMPClient:
             engines[0].engine_info, data_parallel_size=len(engines), engine_pids=self.engine_pids,
         )
         self._outputs: asyncio.Queue[EngineCoreOutputs | BaseException] = asyncio.Queue()
-        self._owner: dict[str, int] = {}  # unfinished engine request id -> its engine
-        self._load = [0] * len(engines)  # unfinished requests routed to each engine
+        self._router = _Router(len(engines))
         self.dead_reason: str | None = None
         self._closed = False
         self._tasks = [asyncio.create_task(self._pump(i)) for i in range(len(engines))]
@@ -133,7 +178,7 @@ class DPAsyncMPClient:
 
     def load(self) -> list[int]:
         """Unfinished requests routed to each engine, in engine order."""
-        return list(self._load)
+        return list(self._router.load)
 
     def _fail(self, reason: str) -> None:
         if self.dead_reason is None:
@@ -145,11 +190,7 @@ class DPAsyncMPClient:
         engine = self.engines[index]
         try:
             while True:
-                outputs = await engine.get_output_async()
-                for out in outputs.outputs:
-                    if out.finished:
-                        self._release(out.req_id)
-                self._outputs.put_nowait(outputs)
+                self._outputs.put_nowait(self._router.release_finished(await engine.get_output_async()))
         except EngineDeadError as exc:
             if not self._closed:
                 self._fail(f"data-parallel engine {index} of {len(self.engines)} (pid {engine.engine_pid}): {exc}")
@@ -159,31 +200,19 @@ class DPAsyncMPClient:
         if self.dead_reason is not None:
             raise EngineDeadError(self.dead_reason)
 
-    def _release(self, request_id: str) -> int | None:
-        index = self._owner.pop(request_id, None)
-        if index is not None:
-            self._load[index] -= 1
-        return index
-
     async def add_request_async(self, request: EngineCoreRequest) -> None:
         """Send ``request`` to the least-loaded engine, which keeps it for its whole life."""
         self._check_alive()
-        index = min(range(len(self.engines)), key=self._load.__getitem__)
-        self._owner[request.request_id] = index
-        self._load[index] += 1
+        index = self._router.route(request.request_id)
         try:
             await self.engines[index].add_request_async(request)
         except BaseException:
-            self._release(request.request_id)
+            self._router.release(request.request_id)
             raise
 
     async def abort_requests_async(self, request_ids: list[str]) -> None:
         """Abort each request on the engine that owns it (unknown or finished ids are ignored)."""
-        by_engine: dict[int, list[str]] = {}
-        for rid in request_ids:
-            index = self._release(rid)
-            if index is not None:
-                by_engine.setdefault(index, []).append(rid)
+        by_engine = self._router.split(request_ids)
         if self.dead_reason is None and not self._closed:
             await asyncio.gather(*(self.engines[i].abort_requests_async(ids) for i, ids in by_engine.items()))
 
@@ -202,12 +231,10 @@ class DPAsyncMPClient:
 
     async def utility_async(self, method: str, *args: Any, timeout: float = 30.0) -> Any:
         """A utility call, sent and answered as :data:`UTILITY_POLICY` says for ``method``."""
-        policy = UTILITY_POLICY.get(method)
-        if policy == ENGINE_0:
+        if UTILITY_POLICY.get(method) == ENGINE_0:
             self._check_alive()
             return await self.engines[0].utility_async(method, *args, timeout=timeout)
-        results = await self.utility_all_async(method, *args, timeout=timeout)
-        return results if policy is None else policy(results)
+        return _combine(method, await self.utility_all_async(method, *args, timeout=timeout))
 
     async def shutdown_async(self) -> None:
         if self._closed:
@@ -218,4 +245,82 @@ class DPAsyncMPClient:
             task.cancel()
 
 
-__all__ = ["DPAsyncMPClient", "UTILITY_POLICY", "engine_config", "sum_stats"]
+class DPSyncMPClient:
+    """``data_parallel_size`` engine-core processes for the offline :class:`LLM`, driven with
+    blocking calls; same calls as :class:`SyncMPClient` (routing, utility calls and failure as in
+    the module docstring: a dead engine raises :class:`EngineDeadError` naming it)."""
+
+    def __init__(self, config: Any, startup_timeout: float = 600.0) -> None:
+        size = config.parallel.data_parallel_size
+        with ThreadPoolExecutor(size, thread_name_prefix="host-dp-start") as pool:  # the engines start at once
+            futures = [pool.submit(SyncMPClient, engine_config(config, rank), startup_timeout) for rank in range(size)]
+        started = [f.result() for f in futures if f.exception() is None]
+        failed = [(rank, f.exception()) for rank, f in enumerate(futures) if f.exception() is not None]
+        if failed:
+            for engine in started:
+                engine.shutdown()
+            rank, exc = failed[0]
+            raise EngineStartupError(f"data-parallel engine {rank} of {size} failed to start: {exc}") from exc
+        self.engines = started
+        self.engine_info: dict[str, Any] = dict(
+            started[0].engine_info, data_parallel_size=size, engine_pids=[e.engine_info.get("pid") for e in started],
+        )
+        self._router = _Router(size)
+        self._poller = zmq.Poller()
+        for engine in started:
+            self._poller.register(engine._from_engine, zmq.POLLIN)
+        self._next = 0  # where the next look for outputs starts: no engine's outputs wait behind another's
+
+    def load(self) -> list[int]:
+        return list(self._router.load)
+
+    def _check_alive(self) -> None:
+        for index, engine in enumerate(self.engines):
+            reason = engine._proc.dead_reason()
+            if reason is not None:
+                raise EngineDeadError(f"data-parallel engine {index} of {len(self.engines)}: {reason}")
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        self._check_alive()
+        self.engines[self._router.route(request.request_id)].add_request(request)
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        for index, ids in self._router.split(request_ids).items():
+            self.engines[index].abort_requests(ids)
+
+    def _order(self) -> list[int]:
+        n = len(self.engines)
+        return [(self._next + k) % n for k in range(n)]
+
+    def get_output(self) -> EngineCoreOutputs:
+        """The next step's outputs of any engine (blocks until one arrives)."""
+        while True:
+            self._check_alive()
+            for index in self._order():
+                pending = self.engines[index]._pending  # steps read while a utility call waited
+                if pending:
+                    self._next = index + 1
+                    return self._router.release_finished(pending.popleft())
+            events = dict(self._poller.poll(200))
+            for index in self._order():
+                socket = self.engines[index]._from_engine
+                if socket in events:
+                    msg = from_engine_decoder.decode(socket.recv())
+                    if msg.heartbeat or msg.utility is not None:  # a utility answer nobody waits for
+                        continue
+                    self._next = index + 1
+                    return self._router.release_finished(msg)
+
+    def utility(self, method: str, *args: Any) -> Any:
+        """A utility call, sent and answered as :data:`UTILITY_POLICY` says for ``method``."""
+        self._check_alive()
+        if UTILITY_POLICY.get(method) == ENGINE_0:
+            return self.engines[0].utility(method, *args)
+        return _combine(method, [engine.utility(method, *args) for engine in self.engines])
+
+    def shutdown(self) -> None:
+        for engine in self.engines:
+            engine.shutdown()
+
+
+__all__ = ["DPAsyncMPClient", "DPSyncMPClient", "UTILITY_POLICY", "engine_config", "sum_stats"]

@@ -8,7 +8,9 @@ The request path is the API server's: the input processor validates and builds e
 requests, an engine-core client carries them, the output processor fans out ``n``, finds stop
 strings and detokenizes. By default the engine core runs in this process
 (:class:`~host.core.engine.client.InprocClient`); ``multiprocess=True`` runs it in its own
-process like ``host serve`` does (:class:`~host.core.engine.client.SyncMPClient`).
+process like ``host serve`` does (:class:`~host.core.engine.client.SyncMPClient`);
+``data_parallel_size=N`` runs N engine processes, requests balanced between them
+(:class:`~host.core.engine.dp_client.DPSyncMPClient`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any, Iterator, Sequence
 import msgspec
 
 from host.core.engine.client import InprocClient, SyncMPClient
+from host.core.engine.dp_client import DPSyncMPClient
 from host.core.engine.protocol import SchedulerStats
 from host.core.engine_args import EngineArgs
 from host.core.frontend.beam_search import BeamCompletion, BeamSearch, BeamSearchParams, check_step_logprobs
@@ -50,15 +53,20 @@ class LLM:
         **engine_args: Any,
     ) -> None:
         host = plugin_host_for(plugins, block_plugins, strict_plugins, platform)
-        # the engine and worker roles run here unless the engine core has its own process
-        for role in ("api",) if multiprocess else ("api", "engine", "worker"):
-            host.bootstrap(role)
         self.engine_args = EngineArgs.from_kwargs(model=model, **engine_args)
+        data_parallel = self.engine_args.data_parallel_size > 1  # N engine processes (DPSyncMPClient)
+        # the engine and worker roles run here unless the engine core has its own process
+        for role in ("api",) if multiprocess or data_parallel else ("api", "engine", "worker"):
+            host.bootstrap(role)
         self.config = self.engine_args.create_engine_config()
         # skip_tokenizer_init: token ids in, token ids out (text fields stay empty)
         self.tokenizer = None if self.engine_args.skip_tokenizer_init else get_tokenizer(self.config.model.tokenizer)
         self.input_processor = InputProcessor(self.config, self.tokenizer)
-        self.engine_core: InprocClient | SyncMPClient = SyncMPClient(self.config) if multiprocess else InprocClient(self.config)
+        self.engine_core: InprocClient | SyncMPClient | DPSyncMPClient
+        if data_parallel:
+            self.engine_core = DPSyncMPClient(self.config)
+        else:
+            self.engine_core = SyncMPClient(self.config) if multiprocess else InprocClient(self.config)
         self._ids = itertools.count()
         self.last_finish_order: list[str] = []
 

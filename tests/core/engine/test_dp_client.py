@@ -1,8 +1,8 @@
-"""The pieces of ``-dp N`` that need no engine process: the per-engine config copies, the summed
-``stats`` answer, and one set of stat loggers per engine whose Prometheus series share each
-family under their own ``engine`` label. The engines themselves (routing, aborts, merged
-outputs, death) are tested through a real ``host serve -dp 2`` in
-tests/plugins/endpoints/test_data_parallel.py."""
+"""``-dp N`` below the server: the per-engine config copies, the summed ``stats`` answer, one set
+of stat loggers per engine whose Prometheus series share each family under their own ``engine``
+label, and the offline ``LLM(data_parallel_size=2)`` (:class:`DPSyncMPClient`) against
+transformers. The server's client (streams, aborts, engine death) is tested through a real
+``host serve -dp 2`` in tests/plugins/endpoints/test_data_parallel.py."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from helpers import hf_greedy, hf_model
+from host import LLM, SamplingParams
 from host.core.engine.dp_client import UTILITY_POLICY, engine_config, sum_stats
 from host.core.engine.protocol import EngineCoreOutputs, SchedulerStats, encoder, from_engine_decoder
 from host.core.engine_args import EngineArgs
@@ -71,3 +73,25 @@ def test_one_logger_set_per_engine_each_fed_its_own_steps(dp_config):
     assert samples[("host:prefix_cache_queries_total", "1")] == 10
     assert samples[("host:prefix_cache_queries_total", "0")] == 2
     assert samples[("host:cache_config_info", "0")] == 1 and samples[("host:cache_config_info", "1")] == 1
+
+
+def test_offline_llm_with_two_engines_matches_transformers(tiny_checkpoint):
+    """``LLM(data_parallel_size=2)``: two engine processes (no C++ kernels: -O0, torch_paged), the
+    prompts split between them, every result transformers' greedy tokens."""
+    path = tiny_checkpoint("llama")
+    prompts = [[(7 * i + 3 * j) % 300 for j in range(3 + i % 5)] for i in range(6)]
+    llm = LLM(str(path), skip_tokenizer_init=True, max_model_len=64, data_parallel_size=2, optimization_level=0,
+              attention_backend="torch_paged")
+    try:
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
+        per_engine = [engine.utility("stats") for engine in llm.engine_core.engines]
+        total = llm.stats()
+        pids = llm.engine_core.engine_info["engine_pids"]
+        assert llm.engine_core.load() == [0, 0]  # every request released when it finished
+    finally:
+        llm.shutdown()
+    model = hf_model(path)
+    assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(model, p, 6) for p in prompts]
+    assert len(set(pids)) == 2
+    queried = [s["prefix_cache_queries"] for s in per_engine]  # prompt tokens each engine looked up
+    assert min(queried) > 0 and total.prefix_cache_queries == sum(queried)
