@@ -189,6 +189,8 @@ class ShmAllReduce:
         self._counters: memoryview | None = None
         self._buffer: torch.Tensor | None = None
         self._slots: dict[tuple[int, int, torch.dtype], torch.Tensor] = {}
+        self._shaped: dict[tuple[int, torch.dtype, torch.Size], list[torch.Tensor]] = {}
+        self._peer_words = [r * _LINE_WORDS for r in range(self.world_size) if r != self.rank_in_group]
         if self.world_size < 2:
             self.reason = "a one-rank group needs no all-reduce"
             return
@@ -255,10 +257,6 @@ class ShmAllReduce:
                     for dtype in SUPPORTED_DTYPES:
                         self._slots[phase, rank, dtype] = self._buffer[start : start + max_bytes].view(dtype)
 
-    def _slot(self, phase: int, rank: int, dtype: torch.dtype) -> torch.Tensor:
-        """Slot ``rank`` of set ``phase`` as a flat ``dtype`` tensor."""
-        return self._slots[phase, rank, dtype]
-
     # -- the all-reduce --------------------------------------------------------------------------
     def accepts(self, t: torch.Tensor) -> bool:
         """Whether ``t`` takes the shared-memory path (see the module docstring's filters)."""
@@ -275,34 +273,47 @@ class ShmAllReduce:
             raise RuntimeError(self._broken)
         if not self.accepts(t):
             return None
-        n = t.numel()
-        if n == 0:
+        if t.numel() == 0:
             return t
         self._seq += 1
-        seq, phase, me = self._seq, self._seq & 1, self.rank_in_group
-        dtype = t.dtype
-        self._slot(phase, me, dtype)[:n].copy_(t.reshape(-1))
+        seq, me = self._seq, self.rank_in_group
+        slots = self._views(seq & 1, t)
+        slots[me].copy_(t)
         self._counters[me * _LINE_WORDS] = seq  # publish: the slot's bytes are stored before this
         self._wait(seq)
-        flat = t.view(-1)
-        parts = [self._slot(phase, r, dtype)[:n] for r in range(self.world_size)]
-        if dtype == torch.float32:
-            torch.add(parts[0], parts[1], out=flat)
-            for p in parts[2:]:
-                flat.add_(p)
+        # the sum in rank order ((s0 + s1) + s2) + ...; ranks 0 and 1 start from their own ``t``
+        # (s0 + s1 == s1 + s0 exactly), the others from the two slots
+        if t.dtype == torch.float32:
+            acc = t.add_(slots[1 - me]) if me < 2 else torch.add(slots[0], slots[1], out=t)
         else:
-            acc = parts[0].float()
-            for p in parts[1:]:
-                acc.add_(p)
-            flat.copy_(acc)
+            acc = t.float().add_(slots[1 - me]) if me < 2 else slots[0].float().add_(slots[1])
+        for r in range(2, self.world_size):
+            acc.add_(slots[r])
+        if acc is not t:
+            t.copy_(acc)
         return t
 
+    def _views(self, phase: int, t: torch.Tensor) -> list[torch.Tensor]:
+        """Every rank's slot of set ``phase`` viewed with ``t``'s dtype and shape (cached per shape)."""
+        key = (phase, t.dtype, t.shape)
+        views = self._shaped.get(key)
+        if views is None:
+            if len(self._shaped) >= 512:  # many distinct shapes (prefill chunks): start over
+                self._shaped.clear()
+            n = t.numel()
+            with torch.inference_mode(False):  # usable inside and outside inference mode
+                views = [self._slots[phase, r, t.dtype][:n].view(t.shape) for r in range(self.world_size)]
+            self._shaped[key] = views
+        return views
+
     def _wait(self, seq: int) -> None:
-        counters, me = self._counters, self.rank_in_group
-        pending = [r for r in range(self.world_size) if r != me]
+        counters = self._counters
+        pending = [i for i in self._peer_words if counters[i] < seq]
+        if not pending:
+            return
         polls, started = 0, 0.0
         while True:
-            pending = [r for r in pending if counters[r * _LINE_WORDS] < seq]
+            pending = [i for i in pending if counters[i] < seq]
             if not pending:
                 return
             polls += 1
@@ -313,7 +324,7 @@ class ShmAllReduce:
                 started = now
             waited = now - started
             if waited > self.timeout_s:
-                names = ", ".join(f"group ordinal {r} (global rank {self.group.ranks[r]})" for r in pending)
+                names = ", ".join(f"group ordinal {i // _LINE_WORDS} (global rank {self.group.ranks[i // _LINE_WORDS]})" for i in pending)
                 self._broken = (
                     f"shared-memory all-reduce #{seq} of group {self.group.name} {self.group.ranks}: "
                     f"{names} did not arrive within {self.timeout_s:g} s; the peer process died or hangs "
@@ -327,6 +338,7 @@ class ShmAllReduce:
 
     # -- teardown --------------------------------------------------------------------------------
     def _release(self) -> None:
+        self._shaped.clear()
         self._slots.clear()
         self._buffer = None
         if self._counters is not None:
