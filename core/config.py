@@ -14,6 +14,7 @@ DTYPE_ALIASES = {"half": "float16", "float": "float32"}
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
+QUANTIZED_ACTIVATIONS = ("none", "q8")
 """``--kv-cache-dtype``: ``auto`` keeps K/V in the model dtype; ``fp8`` (alias ``fp8_e4m3``) stores them
 as float8_e4m3fn with a per-layer scale (docs/quantization.md, "fp8 KV cache")."""
 
@@ -105,11 +106,15 @@ class QuantizationConfig:
     ``None`` (the checkpoint decides: its ``quantization_config``, a GGUF's blocks, else none).
     ``ignore``: layers left in float; ``targets``: layer pattern -> method for those layers.
     Patterns are exact names, ``re:<regex>`` or fnmatch patterns.
+    ``activations``: ``"none"`` (activations stay in the model dtype) or ``"q8"`` (a method that
+    supports it quantizes each activation row to int8 blocks of 32 on the fly; opt-in, the
+    ``gguf`` method on CPU).
     """
 
     quantization: str | None = None
     ignore: list[str] = field(default_factory=list)
     targets: dict[str, str] = field(default_factory=dict)
+    activations: str = "none"
     # resolved at start-up (QuantPlan)
     plan: Any = None
 
@@ -127,6 +132,11 @@ class QuantizationConfig:
             )
         for pattern in [*self.ignore, *self.targets]:
             compile_pattern(pattern)  # a bad re: pattern fails here, at config time
+        if self.activations not in QUANTIZED_ACTIVATIONS:
+            raise ValueError(
+                f"quantized activations {self.activations!r} is not one of {', '.join(QUANTIZED_ACTIVATIONS)} "
+                "(--quantized-activations q8)"
+            )
 
 
 @dataclass

@@ -19,6 +19,7 @@ from host.core.config import (
     DTYPES,
     KV_CACHE_DTYPES,
     LOAD_FORMATS,
+    QUANTIZED_ACTIVATIONS,
     SCHEDULING_POLICIES,
     CacheConfig,
     CompilationConfig,
@@ -74,7 +75,7 @@ def _platform_dtype(dtype: str, platform: Any) -> str:
     return chosen
 
 
-def _quantization_config(quantization: str | None, extra: dict | None) -> QuantizationConfig:
+def _quantization_config(quantization: str | None, extra: dict | None, activations: str = "none") -> QuantizationConfig:
     extra = dict(extra or {})
     unknown = sorted(set(extra) - {"ignore", "targets"})
     if unknown:
@@ -82,7 +83,7 @@ def _quantization_config(quantization: str | None, extra: dict | None) -> Quanti
             f"quantization_config keys {', '.join(unknown)} are not known; use "
             '{"ignore": [layer patterns], "targets": {pattern: method}}'
         )
-    return QuantizationConfig(quantization, list(extra.get("ignore", [])), dict(extra.get("targets", {})))
+    return QuantizationConfig(quantization, list(extra.get("ignore", [])), dict(extra.get("targets", {})), activations)
 
 
 @dataclass
@@ -115,6 +116,11 @@ class EngineArgs:
     quantization_config: dict | None = flag(
         help='per-layer quantization as JSON: {"ignore": [layer patterns], "targets": {pattern: method}}',
         parse="json", default_text="every layer uses the method",
+    )
+    quantized_activations: str = flag(
+        "none", choices=QUANTIZED_ACTIVATIONS,
+        help="quantize activations on the fly (q8: int8 blocks of 32 with a float32 scale, integer dot products; "
+        "the gguf method's CPU kernels; opt-in, slightly less accurate)",
     )
     block_size: int = flag(16, help="tokens per KV block")
     enable_prefix_caching: bool = flag(True, help="reuse cached prompt blocks")
@@ -243,7 +249,7 @@ class EngineArgs:
                 pp_layer_partition=self.pp_layer_partition,
                 distributed_executor_backend=self.distributed_executor_backend,
             ),
-            quant=_quantization_config(self.quantization, self.quantization_config),
+            quant=_quantization_config(self.quantization, self.quantization_config, self.quantized_activations),
             attention_backend=self.attention_backend,
             device=platform.device_type,
             compilation=CompilationConfig(

@@ -120,6 +120,7 @@ class QuantPlan:
     targets: dict[str, str] = field(default_factory=dict)
     source: str = "none"
     gguf_path: str | None = None
+    activations: str = "none"  # --quantized-activations: handed to each method as ``method.activations``
 
     @property
     def quantized(self) -> bool:
@@ -169,6 +170,8 @@ class BoundQuantPlan:
                     f"{', '.join(sorted(registry)) or 'none'} (is its plugin allowed here?)"
                 )
             self._methods[name] = cls.from_config(plan.method_config if name == plan.method else {})
+            if plan.activations != "none":
+                self._methods[name].activations = plan.activations
 
     def _method(self, layer: str) -> Any:
         name = self.plan.method_name_for(layer)
@@ -247,6 +250,7 @@ def resolve_quant_plan(config: Any, registry: dict[str, Any], platform: Any) -> 
         targets=dict(qc.targets),
         source=source,
         gguf_path=gguf_path,
+        activations=getattr(qc, "activations", "none"),
     )
     if (plan.method == GGUF or GGUF in plan.targets.values()) and gguf_path is None:
         raise ValueError(
@@ -254,6 +258,7 @@ def resolve_quant_plan(config: Any, registry: dict[str, Any], platform: Any) -> 
             "pass a .gguf model, or an online method such as --quantization int8"
         )
     _check_platform(plan, registry, platform, model.dtype)
+    _check_activations(plan, registry)
     _warn_unmatched(plan, model.hf_config)
     logger.info("quantization: %s", plan.describe())
     return plan
@@ -281,6 +286,26 @@ def _check_platform(plan: QuantPlan, registry: dict[str, Any], platform: Any, dt
             raise ValueError(
                 f"quantization method {name!r} cannot run on the {platform.name} platform in {dtype}: {reason}; "
                 f"methods that can: {', '.join(can) or 'none'} (or --quantization none)"
+            )
+
+
+def _check_activations(plan: QuantPlan, registry: dict[str, Any]) -> None:
+    """``--quantized-activations`` other than none needs every method of the plan to support it
+    (a method class lists what it supports in ``supported_activations``)."""
+    if plan.activations == "none":
+        return
+    can = sorted(n for n, cls in registry.items() if plan.activations in getattr(cls, "supported_activations", ("none",)))
+    used = sorted({plan.method, *plan.targets.values()} - {None, NONE})
+    if not used:
+        raise ValueError(
+            f"--quantized-activations {plan.activations} needs quantized weights, but this model is not quantized "
+            f"({plan.source}); use a method that supports it: {', '.join(can) or 'none'}"
+        )
+    for name in used:
+        if plan.activations not in getattr(registry[name], "supported_activations", ("none",)):
+            raise ValueError(
+                f"quantization method {name!r} does not quantize activations ({plan.activations}); "
+                f"methods that do: {', '.join(can) or 'none'} (or --quantized-activations none)"
             )
 
 

@@ -8,7 +8,8 @@ the same. It takes a step only when every request has exactly one new token, the
 most ``max_rows`` tokens, the model is float32, every linear layer either has the plain weight
 copy of the small-batch linear kernel or is a quantized layer the compiled kernels read (GGUF
 blocks: ``scheme == "gguf"`` with ``qweights``/``qtypes`` per shard; int8 rows: ``scheme ==
-"int8"`` with ``qweight``/``scales``), and the attention metadata is the torch paged algorithm's (``cpu_paged`` or
+"int8"`` with ``qweight``/``scales``; a GGUF layer with ``quantized_activations == "q8"`` runs the
+Q8-activation kernel), and the attention metadata is the torch paged algorithm's (``cpu_paged`` or
 ``torch_paged``); any other step (prefill, mixed batches, bigger batches) runs layer by layer.
 """
 
@@ -29,7 +30,7 @@ _EMPTY = torch.empty(0)
 
 
 # the linear kinds of llama_decode's linear_meta
-_FLOAT32, _INT8, _GGUF = 0, 1, 2
+_FLOAT32, _INT8, _GGUF, _GGUF_Q8 = 0, 1, 2, 3
 # the GGUF block types the compiled kernel reads (int(gguf.GGMLQuantizationType))
 GGUF_QTYPES = {2: "Q4_0", 3: "Q4_1", 8: "Q8_0", 12: "Q4_K", 14: "Q6_K"}
 
@@ -70,7 +71,8 @@ def _linear_spec(linear: nn.Module) -> tuple[torch.Tensor, list[torch.Tensor], l
         return _EMPTY, [linear.qweight.contiguous(), linear.scales.float().contiguous()], [_INT8, 0]
     if scheme == "gguf":
         shards = [qw.contiguous() for qw in linear.qweights]
-        return _EMPTY, shards, [_GGUF, len(shards), *(int(qt) for qt in linear.qtypes)]
+        kind = _GGUF_Q8 if getattr(linear, "quantized_activations", "none") == "q8" else _GGUF
+        return _EMPTY, shards, [kind, len(shards), *(int(qt) for qt in linear.qtypes)]
     return _weight(linear), [], [_FLOAT32, 0]
 
 

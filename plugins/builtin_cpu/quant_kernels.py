@@ -1,10 +1,12 @@
 """The CPU platform's quantized-linear kernels in the kernel table (:mod:`host.sdk.kernels`).
 
 When the compiled CPU kernels build, :func:`register_cpu_quant_kernels` offers their
-``gguf_linear`` (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K blocks) and ``int8_linear`` for device type
+``gguf_linear`` (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K blocks), ``gguf_linear_q8`` (the same blocks with
+the activations quantized to Q8 blocks of 32 on the fly: integer dot products with AVX2
+``maddubs``/``madd``, or AVX-512 VNNI ``dpbusd`` when the build probe ran it) and ``int8_linear`` for device type
 ``"cpu"`` at priority 10, above the quantization plugin's torch references (registered under
 ``"*"``), with the calling conventions of those ops: ``gguf_linear(x, qweight, qtype, bias)`` and
-``int8_linear(x, qweight, scales, bias)``, each returning a new ``[M, N]`` tensor in ``x``'s
+``gguf_linear_q8`` alike, ``int8_linear(x, qweight, scales, bias)``, each returning a new ``[M, N]`` tensor in ``x``'s
 dtype (float32 or bfloat16 ``x``, any leading dimensions flattened to rows; the weights
 dequantized in registers, the products in float32).
 A GGUF type the compiled kernel does not read, or a shape it does not take (K not a multiple of
@@ -33,7 +35,7 @@ def _fallback(op: str) -> Callable[..., Any]:
 
 
 def register_cpu_quant_kernels(kernels: Any) -> str:
-    """Register the compiled ``gguf_linear`` and ``int8_linear`` for ``"cpu"``; returns the name
+    """Register the compiled ``gguf_linear``, ``gguf_linear_q8`` and ``int8_linear`` for ``"cpu"``; returns the name
     they were registered under (``cpu_avx2`` or ``cpu_scalar``, by the instruction set built)."""
     isa = kernels.kernels_isa()
     name = "cpu_avx2" if "avx2" in isa else "cpu_scalar"
@@ -51,7 +53,15 @@ def register_cpu_quant_kernels(kernels: Any) -> str:
         y = kernels.int8_linear(x.reshape(-1, x.shape[-1]), qweight, scales, bias)
         return y.view(*x.shape[:-1], y.shape[-1])
 
+    def gguf_linear_q8(x: torch.Tensor, qweight: torch.Tensor, qtype: int, bias: torch.Tensor | None) -> torch.Tensor:
+        values = GGUF_BLOCK_VALUES.get(int(qtype))
+        if values is None or x.shape[-1] % values or x.dtype not in (torch.float32, torch.bfloat16):
+            return _fallback("gguf_linear_q8")(x, qweight, qtype, bias)
+        y = kernels.gguf_linear_q8(x.reshape(-1, x.shape[-1]), qweight, int(qtype), bias)
+        return y.view(*x.shape[:-1], y.shape[-1])
+
     register_kernel("gguf_linear", "cpu", gguf_linear, name=name, priority=PRIORITY)
+    register_kernel("gguf_linear_q8", "cpu", gguf_linear_q8, name=name, priority=PRIORITY)
     register_kernel("int8_linear", "cpu", int8_linear, name=name, priority=PRIORITY)
     logger.info("Quantized linear kernels for cpu: %s (%s)", name, isa)
     return name

@@ -6,6 +6,11 @@ stores in float (norms, or an F16/F32 projection) or in a block format outside t
 given to the layer dequantized and computed with ``F.linear``. A fused layer (q/k/v, gate/up)
 concatenates shards of one block type into one tensor (``layer.qweights[i]``, ``layer.qtypes[i]``,
 ``layer.shard_rows[i]`` rows); shards of different types stay separate runs.
+
+With ``--quantized-activations q8`` (``GGUFMethod.activations == "q8"``) every layer computes
+through ``host_quant::gguf_linear_q8`` instead: the activation rows are quantized to int8 blocks
+of 32 with a float32 scale and multiplied with integer dot products (llama.cpp's scheme; the
+layer records it as ``layer.quantized_activations`` for kernels that read layers directly).
 """
 
 from __future__ import annotations
@@ -29,7 +34,11 @@ class GGUFLinearMethod(EmbeddingMethod):
 
     scheme = "gguf"
 
+    def __init__(self, activations: str = "none") -> None:
+        self.activations = activations
+
     def create_weights(self, layer: Any, input_size: int, output_sizes: list[int], params_dtype: torch.dtype) -> None:
+        layer.quantized_activations = self.activations
         layer._gguf_pending = [None] * len(output_sizes)
         layer._gguf_device = torch.empty(0).device  # the device the model is built on
         layer.qweights, layer.qtypes, layer.shard_rows = [], [], []
@@ -60,19 +69,20 @@ class GGUFLinearMethod(EmbeddingMethod):
 
     def apply(self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])
+        q8 = self.activations == "q8"
         if len(layer.qweights) == 1:
-            y = self._run(x2, layer.qweights[0], layer.qtypes[0], bias)
+            y = self._run(x2, layer.qweights[0], layer.qtypes[0], bias, q8)
         else:
-            y = torch.cat([self._run(x2, w, t, None) for w, t in zip(layer.qweights, layer.qtypes)], dim=-1)
+            y = torch.cat([self._run(x2, w, t, None, q8) for w, t in zip(layer.qweights, layer.qtypes)], dim=-1)
             if bias is not None:
                 y = y + bias
         return y.reshape(*x.shape[:-1], y.shape[-1])
 
     @staticmethod
-    def _run(x: torch.Tensor, weight: torch.Tensor, qtype: int, bias: torch.Tensor | None) -> torch.Tensor:
+    def _run(x: torch.Tensor, weight: torch.Tensor, qtype: int, bias: torch.Tensor | None, q8: bool = False) -> torch.Tensor:
         if qtype == F32:
             return F.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
-        return ops.gguf_linear(x, weight, qtype, bias)
+        return (ops.gguf_linear_q8 if q8 else ops.gguf_linear)(x, weight, qtype, bias)
 
     def embed(self, layer: Any, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         (weight,), (qtype,) = layer.qweights, layer.qtypes
@@ -89,9 +99,11 @@ class GGUFMethod(QuantizationMethod):
     quantizes_embeddings = True
     summary = "GGUF blocks as stored: " + ", ".join(NAMES.values())
     kept_qtypes: ClassVar[tuple[int, ...]] = tuple(BLOCKS)
+    supported_activations: ClassVar[tuple[str, ...]] = ("none", "q8")
+    activations: str = "none"  # set from --quantized-activations by the worker's plan
 
     def get_linear_method(self, layer_name: str) -> GGUFLinearMethod:
-        return GGUFLinearMethod()
+        return GGUFLinearMethod(self.activations)
 
     def get_embedding_method(self, layer_name: str) -> GGUFLinearMethod:
-        return GGUFLinearMethod()
+        return GGUFLinearMethod(self.activations)

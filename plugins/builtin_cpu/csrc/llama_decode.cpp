@@ -24,7 +24,8 @@ static inline c10::optional<torch::Tensor> opt(const torch::Tensor& t) {
 
 // How one linear layer of the decoder holds its weight (see llama_decode's linear_meta).
 struct DecodeLinear {
-  int64_t kind = 0;                  // 0: float32 (the weight slot), 1: int8 rows + scales, 2: GGUF shards
+  int64_t kind = 0;                  // 0: float32 (the weight slot), 1: int8 rows + scales, 2: GGUF shards,
+                                     // 3: GGUF shards with Q8 activations
   std::vector<torch::Tensor> tensors;  // int8: {qweight, scales}; GGUF: one uint8 block tensor per shard
   std::vector<int64_t> qtypes;         // GGUF: each shard's qtype
   int64_t out_features = 0;
@@ -46,7 +47,7 @@ static std::vector<DecodeLinear> parse_linears(const std::vector<torch::Tensor>&
       lin.tensors = {quant_tensors[next], quant_tensors[next + 1]};
       next += 2;
       lin.out_features = lin.tensors[0].size(0);
-    } else if (lin.kind == 2) {
+    } else if (lin.kind == 2 || lin.kind == 3) {
       TORCH_CHECK(n > 0 && pos + n <= meta.size() && next + n <= quant_tensors.size(), "llama_decode: bad GGUF shards");
       for (int64_t s = 0; s < n; ++s) {
         lin.qtypes.push_back(meta[pos + s]);
@@ -56,7 +57,8 @@ static std::vector<DecodeLinear> parse_linears(const std::vector<torch::Tensor>&
       pos += n;
       next += n;
     } else {
-      TORCH_CHECK(lin.kind == 0, "llama_decode: linear kind ", lin.kind, " is not 0 (float32), 1 (int8) or 2 (GGUF)");
+      TORCH_CHECK(lin.kind == 0, "llama_decode: linear kind ", lin.kind,
+                  " is not 0 (float32), 1 (int8), 2 (GGUF) or 3 (GGUF, Q8 activations)");
     }
   }
   TORCH_CHECK(pos == meta.size() && next == quant_tensors.size(), "llama_decode: linear_meta and quant_tensors disagree");
@@ -72,7 +74,12 @@ static torch::Tensor decode_linear(const torch::Tensor& x, const torch::Tensor& 
   torch::Tensor y = torch::empty({x.size(0), lin.out_features}, x.options());
   TORCH_CHECK(!bias.numel() || (bias.scalar_type() == torch::kFloat32 && bias.is_contiguous() &&
                                 bias.numel() == lin.out_features), "llama_decode: GGUF bias must be float32 [N]");
-  quant::gguf_shards_into(x, lin.tensors, lin.qtypes, bias.numel() ? bias.data_ptr<float>() : nullptr, y);
+  const float* bp = bias.numel() ? bias.data_ptr<float>() : nullptr;
+  if (lin.kind == 3) {
+    quant::gguf_shards_q8_into(x, lin.tensors, lin.qtypes, bp, y);
+  } else {
+    quant::gguf_shards_into(x, lin.tensors, lin.qtypes, bp, y);
+  }
   return y;
 }
 
@@ -86,7 +93,7 @@ static torch::Tensor decode_linear(const torch::Tensor& x, const torch::Tensor& 
 // The 4 linears of each layer (qkv, o, gate_up, down) are described by linear_meta and
 // quant_tensors (see parse_linears): a float32 one uses its weight slot in weights (plain or
 // blocked, linear_small_m), a quantized one leaves that slot empty and runs int8_linear or the
-// GGUF kernel on its shards.
+// GGUF kernel on its shards (kind 3: with the input rows quantized to Q8 blocks once per linear).
 torch::Tensor llama_decode(torch::Tensor hidden, std::vector<torch::Tensor> weights,
                            std::vector<torch::Tensor> quant_tensors, std::vector<int64_t> linear_meta,
                            std::vector<torch::Tensor> kv_caches, std::vector<int64_t> windows,

@@ -477,6 +477,293 @@ static void gguf_shards_into(const torch::Tensor& x, const std::vector<torch::Te
   }
 }
 
+// ---- Q8 activations (opt-in: --quantized-activations q8) ----
+//
+// Each row of x is quantized once per call to blocks of 32 int8 values with a float32 scale
+// (llama.cpp's Q8_0 / Q8_1 activations, the scale kept in float32):
+//   amax = max |x| over the block, d = amax / 127, id = d > 0 ? 1 / d : 0, q = rint(x * id)
+//   (round to nearest, ties to even), s = d * sum(q) (the block sum, for formats with an offset).
+// A weight group of 32 integer levels l (unsigned for Q4_0 / Q4_1 / Q4_K, signed for Q8_0 and
+// Q6_K, whose level is q - 32) with scale dw and offset bw (value = l * dw + bw) dots such a
+// block as dw * d * sum(l * q) + bw * s: the integer sum with _mm256_maddubs_epi16 (unsigned x
+// signed bytes; signed levels by the sign trick |l| x sign(q, l)) and _mm256_madd_epi16, or one
+// _mm256_dpbusd_epi32 where AVX-512 VNNI (VL) was built in. The result equals
+// dequantize(q, d) @ dequantize(W)^T up to float32 summation order.
+
+// Quantizes rows of x [M, K] (row stride xs, K a multiple of 32): q [M, K] int8, d [M, K/32] and
+// s [M, K/32] (s may be null).
+static void quantize_q8_rows(const float* x, int64_t M, int64_t xs, int64_t K, int8_t* q, float* d, float* s) {
+  const int64_t G = K / 32;
+  at::parallel_for(0, M * G, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t m = i / G, g = i % G;
+      const float* xg = x + m * xs + g * 32;
+      int8_t* qg = q + m * K + g * 32;
+#ifdef HOST_QAVX2
+      __m256 v[4];
+      const __m256 sign = _mm256_set1_ps(-0.f);
+      __m256 amax = _mm256_setzero_ps();
+      for (int j = 0; j < 4; ++j) {
+        v[j] = _mm256_loadu_ps(xg + 8 * j);
+        amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[j]));
+      }
+      __m128 mx = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+      mx = _mm_max_ps(mx, _mm_movehl_ps(mx, mx));
+      mx = _mm_max_ss(mx, _mm_movehdup_ps(mx));
+      // divisions as instructions, so -ffast-math cannot turn them into reciprocal products
+      const __m128 dd = _mm_div_ss(mx, _mm_set_ss(127.f));
+      const float dv = _mm_cvtss_f32(dd);
+      const float id = dv > 0.f ? _mm_cvtss_f32(_mm_div_ss(_mm_set_ss(1.f), dd)) : 0.f;
+      const __m256 vid = _mm256_set1_ps(id);
+      __m256i r[4];
+      for (int j = 0; j < 4; ++j)
+        r[j] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[j], vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      const __m256i sum32 = _mm256_add_epi32(_mm256_add_epi32(r[0], r[1]), _mm256_add_epi32(r[2], r[3]));
+      __m128i t = _mm_add_epi32(_mm256_castsi256_si128(sum32), _mm256_extracti128_si256(sum32, 1));
+      t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
+      t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
+      const int isum = _mm_cvtsi128_si32(t);
+      // int32 -> int8 in order: the packs interleave 128-bit lanes, the permute restores them
+      const __m256i p16a = _mm256_packs_epi32(r[0], r[1]), p16b = _mm256_packs_epi32(r[2], r[3]);
+      const __m256i p8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16a, p16b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(qg), p8);
+#else
+      float amax = 0.f;
+      for (int l = 0; l < 32; ++l) amax = std::max(amax, std::fabs(xg[l]));
+      const float dv = amax / 127.f;
+      const float id = dv > 0.f ? 1.f / dv : 0.f;
+      int isum = 0;
+      for (int l = 0; l < 32; ++l) {
+        const int v = static_cast<int>(std::nearbyint(xg[l] * id));
+        qg[l] = static_cast<int8_t>(std::max(-127, std::min(127, v)));
+        isum += qg[l];
+      }
+#endif
+      d[m * G + g] = dv;
+      if (s) s[m * G + g] = dv * static_cast<float>(isum);
+    }
+  });
+}
+
+template <int64_t QT>
+constexpr bool signed_levels() { return QT == Q8_0 || QT == Q6_K || QT == INT8; }
+
+#ifdef HOST_QAVX2
+// group g of a row -> its 32 integer levels as bytes, in value order (unsigned for the nibble
+// formats, signed for Q8_0 / INT8 and Q6_K's q - 32)
+template <int64_t QT>
+static inline __m256i group_levels(const uint8_t* row, int64_t g) {
+  if constexpr (QT == Q4_0 || QT == Q4_1) {
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + g * (QT == Q4_0 ? 18 : 20) + (QT == Q4_0 ? 2 : 4)));
+    const __m128i m = _mm_set1_epi8(0x0f);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m), _mm_and_si128(q, m));
+  } else if constexpr (QT == Q8_0 || QT == INT8) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(QT == Q8_0 ? row + g * 34 + 2 : row + g * 32));
+  } else if constexpr (QT == Q4_K) {
+    const uint8_t* b = row + (g / 8) * 144;
+    const int j = static_cast<int>(g % 8);
+    __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + (j / 2) * 32));
+    if (j % 2) v = _mm256_srli_epi16(v, 4);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
+  } else {  // Q6_K
+    const uint8_t* b = row + (g / 8) * 210;
+    const int h = static_cast<int>((g % 8) / 4), s = static_cast<int>(g % 4);
+    __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + h * 64 + (s % 2) * 32));
+    __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + h * 32));
+    if (s / 2) ql = _mm256_srli_epi16(ql, 4);
+    ql = _mm256_and_si256(ql, _mm256_set1_epi8(0x0f));
+    switch (s) {
+      case 0: qh = _mm256_slli_epi16(qh, 4); break;
+      case 1: qh = _mm256_slli_epi16(qh, 2); break;
+      case 2: break;
+      default: qh = _mm256_srli_epi16(qh, 2); break;
+    }
+    qh = _mm256_and_si256(qh, _mm256_set1_epi8(0x30));
+    return _mm256_sub_epi8(_mm256_or_si256(ql, qh), _mm256_set1_epi8(32));
+  }
+}
+
+// 8 int32 partial sums of u[i] * s[i] over 32 bytes (u unsigned, s signed)
+static inline __m256i dot_u8s8(__m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+#endif
+
+// Row n of the weight (G groups of 32) dotted with MT Q8 rows: out[m] = sum_g dw_g d_mg sum(l q) + bw_g s_mg.
+// xq: int8 rows (stride K = 32 G); xd, xs: per-block scales and sums (stride G).
+template <int64_t QT, int MT>
+static inline void row_dot_q8(const uint8_t* row, int64_t G, const int8_t* xq, const float* xd, const float* xsum,
+                              float* out) {
+  const int64_t K = G * 32;
+#ifdef HOST_QAVX2
+  constexpr bool two = QT == Q6_K;
+  __m256 acc[MT][2];
+  float off[MT];
+  for (int m = 0; m < MT; ++m) {
+    acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+    off[m] = 0.f;
+  }
+  float dv[2 * CHUNK], bv[CHUNK], pd[two ? 1 : MT][CHUNK];
+  for (int64_t g0 = 0; g0 < G; g0 += CHUNK) {
+    const int64_t n = std::min<int64_t>(CHUNK, G - g0);
+    row_scales<QT>(row, g0, n, dv, bv);
+    if constexpr (!two) {  // the products of the weight and activation scales, per row of x
+      for (int m = 0; m < MT; ++m)
+        for (int64_t i = 0; i < n; ++i) pd[m][i] = dv[i] * xd[m * G + g0 + i];
+    }
+    auto step = [&](int64_t i, int a) __attribute__((always_inline)) {
+      const int64_t g = g0 + i;
+      const __m256i lv = group_levels<QT>(row, g);
+      const __m256i lu = signed_levels<QT>() ? _mm256_sign_epi8(lv, lv) : lv;
+      // Q6_K: lanes 0-3 hold values 0-15 (scale dv[2i]), lanes 4-7 values 16-31 (dv[2i + 1])
+      const __m256 wd = two ? _mm256_set_m128(_mm_set1_ps(dv[2 * i + 1]), _mm_set1_ps(dv[2 * i])) : _mm256_setzero_ps();
+      for (int m = 0; m < MT; ++m) {
+        __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + m * K + g * 32));
+        if constexpr (signed_levels<QT>()) xv = _mm256_sign_epi8(xv, lv);
+        const __m256 p = _mm256_cvtepi32_ps(dot_u8s8(lu, xv));
+        const __m256 sc = two ? _mm256_mul_ps(wd, _mm256_broadcast_ss(xd + m * G + g)) : _mm256_broadcast_ss(&pd[two ? 0 : m][i]);
+        acc[m][a] = _mm256_fmadd_ps(p, sc, acc[m][a]);
+      }
+    };
+    int64_t i = 0;
+    for (; i + 2 <= n; i += 2) {
+      step(i, 0);
+      step(i + 1, 1);
+    }
+    if (i < n) step(i, 0);
+    if constexpr (has_offset<QT>()) {
+      for (int m = 0; m < MT; ++m) off[m] += dot(bv, xsum + m * G + g0, n);
+    }
+  }
+  for (int m = 0; m < MT; ++m) out[m] = hsum256(_mm256_add_ps(acc[m][0], acc[m][1])) + off[m];
+#else
+  float w[32];
+  for (int m = 0; m < MT; ++m) out[m] = 0.f;
+  for (int64_t g = 0; g < G; ++g) {
+    const float b = group_scalar<QT>(row, g, w);
+    for (int m = 0; m < MT; ++m) {
+      const int8_t* qg = xq + m * K + g * 32;
+      float sacc = 0.f;
+      for (int l = 0; l < 32; ++l) sacc += w[l] * static_cast<float>(qg[l]);
+      out[m] += sacc * xd[m * G + g] + (has_offset<QT>() ? b * xsum[m * G + g] : 0.f);
+    }
+  }
+#endif
+}
+
+// Quantized activations held for one call: q [M, K], d and s [M, K/32].
+struct Q8Rows {
+  int64_t M = 0, K = 0;
+  std::vector<int8_t> q;
+  std::vector<float> d, s;
+  Q8Rows(const float* x, int64_t M_, int64_t xs, int64_t K_) : M(M_), K(K_) {
+    q.resize(static_cast<size_t>(M * K));
+    d.resize(static_cast<size_t>(M * (K / 32)));
+    s.resize(d.size());
+    quantize_q8_rows(x, M, xs, K, q.data(), d.data(), s.data());
+  }
+};
+
+// The output columns [col0, col0 + N) of y (row stride ldy) = Q8 rows @ dequantize(W[N, K])^T
+// (+ bias[n]): each weight row is read once and dotted with every row of x, 8 at a time (the
+// row stays in L1, the int8 activations in L2). gguf_shards_q8_into sends batches above SMALL_M
+// rows to the float panel path instead (measured faster on AVX2: see docs/quantization.md).
+template <int64_t QT>
+static void gemm_q8_into(const Q8Rows& xr, const uint8_t* w, int64_t N, int64_t row_bytes, const float* row_scale,
+                         const float* bias, float* y, int64_t ldy, int64_t col0) {
+  const int64_t M = xr.M, K = xr.K, G = K / 32;
+  const int8_t* xq = xr.q.data();
+  const float* xd = xr.d.data();
+  const float* xs = xr.s.data();
+  auto finish = [&](int64_t m, int64_t n, float v) {
+    if (row_scale) v *= row_scale[n];
+    if (bias) v += bias[n];
+    y[m * ldy + col0 + n] = v;
+  };
+  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
+    float out[8];
+    for (int64_t n = begin; n < end; ++n) {
+      const uint8_t* row = w + n * row_bytes;
+#ifdef HOST_QAVX2
+      if (n + PREFETCH_ROWS < end) {
+        const char* ahead = reinterpret_cast<const char*>(row + PREFETCH_ROWS * row_bytes);
+        for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T1);
+      }
+#endif
+      int64_t m = 0;
+      for (; m + 8 <= M; m += 8) {
+        row_dot_q8<QT, 8>(row, G, xq + m * K, xd + m * G, xs + m * G, out);
+        for (int i = 0; i < 8; ++i) finish(m + i, n, out[i]);
+      }
+      for (; m + 4 <= M; m += 4) {
+        row_dot_q8<QT, 4>(row, G, xq + m * K, xd + m * G, xs + m * G, out);
+        for (int i = 0; i < 4; ++i) finish(m + i, n, out[i]);
+      }
+      for (; m + 2 <= M; m += 2) {
+        row_dot_q8<QT, 2>(row, G, xq + m * K, xd + m * G, xs + m * G, out);
+        for (int i = 0; i < 2; ++i) finish(m + i, n, out[i]);
+      }
+      for (; m < M; ++m) {
+        row_dot_q8<QT, 1>(row, G, xq + m * K, xd + m * G, xs + m * G, out);
+        finish(m, n, out[0]);
+      }
+    }
+  });
+}
+
+static void dispatch_q8_into(int64_t qtype, const Q8Rows& xr, const uint8_t* w, int64_t N, int64_t row_bytes,
+                             const float* row_scale, const float* bias, float* y, int64_t ldy, int64_t col0) {
+  switch (qtype) {
+    case Q4_0: return gemm_q8_into<Q4_0>(xr, w, N, row_bytes, row_scale, bias, y, ldy, col0);
+    case Q4_1: return gemm_q8_into<Q4_1>(xr, w, N, row_bytes, row_scale, bias, y, ldy, col0);
+    case Q8_0: return gemm_q8_into<Q8_0>(xr, w, N, row_bytes, row_scale, bias, y, ldy, col0);
+    case Q4_K: return gemm_q8_into<Q4_K>(xr, w, N, row_bytes, row_scale, bias, y, ldy, col0);
+    case Q6_K: return gemm_q8_into<Q6_K>(xr, w, N, row_bytes, row_scale, bias, y, ldy, col0);
+    case INT8: return gemm_q8_into<INT8>(xr, w, N, row_bytes, row_scale, bias, y, ldy, col0);
+    default: {
+      int64_t v, b;
+      block_shape(qtype, v, b);
+    }
+  }
+}
+
+// gguf_shards_into with Q8 activations: x quantized once, every shard reads the same blocks.
+static void gguf_shards_q8_into(const torch::Tensor& x, const std::vector<torch::Tensor>& qweights,
+                                const std::vector<int64_t>& qtypes, const float* bias, torch::Tensor& y) {
+  const int64_t M = x.size(0), K = x.size(1);
+  TORCH_CHECK(K % 32 == 0, "gguf_linear_q8: x has K = ", K, " columns, not a multiple of the 32-value Q8 block");
+  const Q8Rows xr(x.data_ptr<float>(), M, x.stride(0), K);
+  if (M > SMALL_M) {
+    // many rows: the same Q8 values, dequantized, through the panel path (dequantized weight
+    // panels times at::mm), which beats the integer row kernel at these sizes without VNNI
+    torch::Tensor xdq = torch::empty({M, K}, x.options());
+    float* p = xdq.data_ptr<float>();
+    at::parallel_for(0, M, 8, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin * K; i < end * K; ++i) p[i] = static_cast<float>(xr.q[i]) * xr.d[i / 32];
+    });
+    gguf_shards_into(xdq, qweights, qtypes, bias, y);
+    return;
+  }
+  int64_t col = 0;
+  for (size_t s = 0; s < qweights.size(); ++s) {
+    const torch::Tensor& qw = qweights[s];
+    int64_t values, bytes;
+    block_shape(qtypes[s], values, bytes);
+    TORCH_CHECK(qw.scalar_type() == torch::kUInt8 && qw.dim() == 2 && qw.is_contiguous(),
+                "gguf_linear_q8: qweight must be a contiguous uint8 [N, row_bytes] tensor of GGUF blocks");
+    TORCH_CHECK(K % values == 0 && qw.size(1) == (K / values) * bytes, "gguf_linear_q8: x has K = ", K,
+                " columns, so qtype ", qtypes[s], " rows need ", (K % values ? -1 : (K / values) * bytes),
+                " bytes (K a multiple of ", values, "), but qweight rows have ", qw.size(1));
+    dispatch_q8_into(qtypes[s], xr, qw.data_ptr<uint8_t>(), qw.size(0), qw.size(1), nullptr, bias ? bias + col : nullptr,
+                     y.data_ptr<float>(), y.size(1), col);
+    col += qw.size(0);
+  }
+}
+
 }  // namespace quant
 
 // y[M, N] = x[M, K] @ dequantize(qweight)^T (+ bias), qweight the [N, row_bytes] GGUF blocks of
@@ -490,6 +777,30 @@ torch::Tensor gguf_linear(torch::Tensor x, torch::Tensor qweight, int64_t qtype,
   torch::Tensor y = torch::empty({xf.size(0), N}, xf.options());
   quant::gguf_shards_into(xf, {qweight.contiguous()}, {qtype}, bp, y);
   return x.scalar_type() == torch::kFloat32 ? y : y.to(x.scalar_type());
+}
+
+// gguf_linear with the rows of x quantized to Q8 blocks first (see "Q8 activations" above):
+// y = dequantize_q8(quantize_q8(x)) @ dequantize(qweight)^T (+ bias), computed with integer dots.
+torch::Tensor gguf_linear_q8(torch::Tensor x, torch::Tensor qweight, int64_t qtype, c10::optional<torch::Tensor> bias) {
+  torch::Tensor xf = quant::as_f32_rows(x, "gguf_linear_q8");
+  TORCH_CHECK(qweight.dim() == 2, "gguf_linear_q8: qweight must be 2-D [N, row_bytes]");
+  const int64_t N = qweight.size(0);
+  torch::Tensor keep;
+  const float* bp = quant::bias_ptr(bias, N, "gguf_linear_q8", keep);
+  torch::Tensor y = torch::empty({xf.size(0), N}, xf.options());
+  quant::gguf_shards_q8_into(xf, {qweight.contiguous()}, {qtype}, bp, y);
+  return x.scalar_type() == torch::kFloat32 ? y : y.to(x.scalar_type());
+}
+
+// The Q8 activation blocks of x [M, K] (K a multiple of 32): {q int8 [M, K], d float32 [M, K/32]}.
+std::vector<torch::Tensor> quantize_q8(torch::Tensor x) {
+  torch::Tensor xf = quant::as_f32_rows(x, "quantize_q8");
+  const int64_t M = xf.size(0), K = xf.size(1);
+  TORCH_CHECK(K % 32 == 0, "quantize_q8: x has K = ", K, " columns, not a multiple of 32");
+  torch::Tensor q = torch::empty({M, K}, xf.options().dtype(torch::kInt8));
+  torch::Tensor d = torch::empty({M, K / 32}, xf.options());
+  quant::quantize_q8_rows(xf.data_ptr<float>(), M, xf.stride(0), K, q.data_ptr<int8_t>(), d.data_ptr<float>(), nullptr);
+  return {q, d};
 }
 
 // y[M, N] = x[M, K] @ (qweight * scales[:, None])^T (+ bias), qweight int8 [N, K], scales float32 [N].
