@@ -1,0 +1,310 @@
+"""The Ray executor (entry point ``host.executors: ray``; ``--distributed-executor-backend ray``):
+the engine's workers as Ray actors, one per rank, in a placement group.
+
+Needs Ray (``pip install host[ray]``); without it choosing this executor is an ``ImportError``
+naming that command. Ray is imported on first use only, so having this plugin registered costs
+nothing.
+
+The cluster: with Ray already initialized in this process it is used as it is; with
+``RAY_ADDRESS`` set, or a cluster running on this machine (``ray start --head``), this process
+connects to it; otherwise it starts a local one-machine cluster (no dashboard)
+and stops it again at :meth:`~RayExecutor.shutdown`.
+
+Placement: one bundle per rank (``{"CPU": 1}`` on the CPU platform, ``{<platform.ray_device_key>:
+1, "CPU": 1}`` on an accelerator), strategy ``PACK``, and bundle 0 pinned to the node this
+(the engine) process runs on. The group must be ready within ``HOST_RAY_PG_TIMEOUT`` seconds
+(default 60), else a ``RuntimeError`` says what the cluster lacks and what to check.
+
+The actors: each one, in its ``__init__``, bootstraps host's plugin host for the ``worker`` role —
+the worker entry-point groups (general, platforms, attention backends, quantization, KV
+connectors) loaded by the actor itself, so an out-of-tree model or platform registered by an
+entry point is known in every Ray worker (vLLM's "Ray workers do not know my model", #5657). The
+engine's plugin settings (``HOST_PLUGINS``, ``HOST_BLOCK_PLUGINS``...), every other ``HOST_*``
+variable and the platform's ``additional_env_vars`` reach the actors through the runtime
+environment. Then one long call per actor runs host's worker loop (``host.sdk.distributed``),
+the same code the ``mp`` workers run, reading the same shared-memory step broadcast and replying
+on the same response queue (:class:`~host.plugins.executors.common.BroadcastExecutor`). The
+shared-memory broadcast needs every actor on the engine's machine: an actor placed on another
+node is refused with a ``RuntimeError`` (see docs/distributed.md, "Ray").
+
+Failure: a monitor thread waits on the actors' long calls; one that ends while the executor is
+running (the actor was killed, its process died, the loop raised) fails the executor within a
+fraction of a second — every waiting and later call raises a ``RuntimeError`` naming the rank,
+its pid and Ray's reason — and the other actors are killed, so nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable
+
+from host.plugins.executors.common import BroadcastExecutor
+from host.sdk import hookimpl
+
+logger = logging.getLogger("host.executor.ray")
+
+ENV_PG_TIMEOUT = "HOST_RAY_PG_TIMEOUT"
+DEFAULT_PG_TIMEOUT_S = 60.0
+HEALTH_TIMEOUT_S = 10.0
+HEALTH_INTERVAL_S = 5.0
+INSTALL_HINT = "pip install host[ray]"
+
+
+def import_ray() -> Any:
+    """The ``ray`` module, or an ``ImportError`` naming how to install it."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise ImportError(
+            f"distributed_executor_backend='ray' needs Ray, which is not installed ({exc}); "
+            f"install it with `{INSTALL_HINT}` (or pick --distributed-executor-backend mp)"
+        ) from exc
+    return ray
+
+
+def worker_env(settings_env: dict[str, str], platform: Any) -> dict[str, str]:
+    """The variables every actor gets: this process's ``HOST_*`` ones, the plugin settings the
+    engine resolved (which may come from flags, not variables), the platform's extra variables."""
+    env = {k: v for k, v in os.environ.items() if k.startswith("HOST_")}
+    env.update(settings_env)
+    for name in getattr(platform, "additional_env_vars", []):
+        if name in os.environ:
+            env[name] = os.environ[name]
+    return env
+
+
+def connect(ray: Any, num_cpus: int | None) -> bool:
+    """Make sure this process is a Ray driver; ``True`` when it connected or started a cluster
+    here (and so disconnects at shutdown), ``False`` when Ray was already initialized."""
+    if ray.is_initialized():
+        return False
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
+        return True
+    try:
+        ray.init(address="auto", log_to_driver=True)
+        return True
+    except ConnectionError:
+        pass
+    logger.info("no Ray cluster to connect to: starting a local one on this machine")
+    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
+    return True
+
+
+def driver_node(ray: Any) -> tuple[str, str]:
+    """``(node_id, node_ip)`` of the Ray node this process runs on."""
+    node_id = ray.get_runtime_context().get_node_id()
+    for node in ray.nodes():
+        if node.get("NodeID") == node_id:
+            return node_id, node["NodeManagerAddress"]
+    raise RuntimeError(f"this process's Ray node {node_id} is not among the cluster's nodes ({ray.nodes()})")
+
+
+def bundles_for(world_size: int, platform: Any, driver_ip: str) -> list[dict[str, float]]:
+    """One bundle per rank, bundle 0 pinned to the driver's node (by its ``node:<ip>`` resource)."""
+    if platform.device_type == "cpu":
+        bundle = {"CPU": 1.0}
+    else:
+        key = getattr(platform, "ray_device_key", "")
+        if not key:
+            raise ValueError(
+                f"the {platform.name} platform names no Ray resource (Platform.ray_device_key is empty), so the "
+                "Ray executor cannot place its workers; use --distributed-executor-backend mp"
+            )
+        bundle = {key: 1.0, "CPU": 1.0}
+    bundles = [dict(bundle) for _ in range(world_size)]
+    bundles[0][f"node:{driver_ip}"] = 0.001
+    return bundles
+
+
+def wait_for_placement_group(ray: Any, pg: Any, bundles: list[dict[str, float]], driver_ip: str, timeout: float) -> None:
+    """Wait until ``pg`` is placed; after ``timeout`` seconds a ``RuntimeError`` with what to check."""
+    ready, _ = ray.wait([pg.ready()], timeout=timeout)
+    if ready:
+        return
+    need: dict[str, float] = {}
+    for bundle in bundles:
+        for key, amount in bundle.items():
+            if not key.startswith("node:"):
+                need[key] = need.get(key, 0.0) + amount
+    raise RuntimeError(
+        f"the Ray placement group of {len(bundles)} bundles {bundles[0]} (strategy PACK, bundle 0 on this node, "
+        f"{driver_ip}) was not placed within {timeout:.0f} s. The cluster has {ray.cluster_resources()} "
+        f"(available: {ray.available_resources()}); the workers need {need} in all. Check `ray status`: enough "
+        f"free resources, and a Ray node on this machine's address {driver_ip} (start it with "
+        f"`ray start --head --node-ip-address {driver_ip}`); raise {ENV_PG_TIMEOUT} to wait longer"
+    )
+
+
+class RayWorker:
+    """The actor of one rank (wrapped with ``ray.remote`` by the executor).
+
+    ``__init__`` bootstraps the ``worker`` plugin groups in the actor's own process; :meth:`run`
+    is the worker loop (it blocks for the worker's life, so the actor runs two threads and
+    :meth:`ping` still answers)."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        os.environ.update(env)  # before host's plugin host (or torch) reads any of it
+        from host.sdk.runtime import get_plugin_host
+
+        get_plugin_host().bootstrap("worker")
+
+    def where(self) -> dict[str, Any]:
+        import ray
+
+        context = ray.get_runtime_context()
+        return {"pid": os.getpid(), "node_id": context.get_node_id(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
+
+    def ping(self) -> int:
+        return os.getpid()
+
+    def run(self, config: Any, rank: int, local_rank: int, broadcast: Any, responses: Any) -> None:
+        from host.sdk.distributed import run_worker
+
+        run_worker(config, rank, local_rank, broadcast, responses)
+
+
+class RayExecutor(BroadcastExecutor):
+    """Ray actors as the engine's workers (see the module docstring)."""
+
+    name = "ray"
+
+    def _init_executor(self) -> None:
+        self._ray = import_ray()  # before any queue or process exists
+        super()._init_executor()
+
+    def _start_workers(self, broadcast: Any, responses: Any) -> None:
+        from host.sdk.runtime import current_platform, get_plugin_host
+
+        ray = self._ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        start = time.monotonic()
+        platform = current_platform()
+        self.actors: list[Any] = []
+        self.pids: list[int] = []
+        self._run_refs: list[Any] = []
+        self._pg = None
+        self._stopping = False
+        self._last_ping = 0.0
+        self._owns_ray = False
+        self._owns_ray = connect(ray, max(os.cpu_count() or 1, self.world_size) if platform.device_type == "cpu" else None)
+        node_id, driver_ip = driver_node(ray)
+        bundles = bundles_for(self.world_size, platform, driver_ip)
+        self._pg = placement_group(bundles, strategy="PACK")
+        timeout = float(os.environ.get(ENV_PG_TIMEOUT, DEFAULT_PG_TIMEOUT_S))
+        wait_for_placement_group(ray, self._pg, bundles, driver_ip, timeout)
+        logger.info("Ray placement group of %d bundles ready (%.1f s)", len(bundles), time.monotonic() - start)
+
+        env = worker_env(get_plugin_host().settings.to_env(), platform)
+        gpus = 0 if platform.device_type == "cpu" else 1
+        actor_cls = ray.remote(RayWorker)
+        for rank in range(self.world_size):
+            strategy = PlacementGroupSchedulingStrategy(placement_group=self._pg, placement_group_bundle_index=rank)
+            self.actors.append(actor_cls.options(
+                num_cpus=1, num_gpus=gpus, max_concurrency=2, max_restarts=0, scheduling_strategy=strategy,
+            ).remote(env))
+        try:
+            where = ray.get([a.where.remote() for a in self.actors], timeout=self.ready_timeout_s)
+        except Exception as exc:  # noqa: BLE001 - an actor's __init__ (the plugin bootstrap) failed, or timed out
+            raise RuntimeError(
+                f"a Ray worker actor did not start (its plugin bootstrap for the worker role failed, or it got no "
+                f"process within {self.ready_timeout_s:.0f} s): {type(exc).__name__}: {exc}"
+            ) from exc
+        self.pids = [w["pid"] for w in where]
+        logger.info("Ray worker actors up, pids %s (%.1f s)", self.pids, time.monotonic() - start)
+        away = [(rank, w["node_id"]) for rank, w in enumerate(where) if w["node_id"] != node_id]
+        if away:
+            raise RuntimeError(
+                f"Ray placed worker rank(s) {[r for r, _ in away]} on other nodes ({sorted({n for _, n in away})}) than "
+                f"this engine's ({node_id}, {driver_ip}); host's step broadcast is shared memory, so every rank of one "
+                f"engine must run on this machine: give this node {self.world_size} x {bundles[-1]} free"
+            )
+        # every rank on this node: the CPU ranks are local ranks 0..W-1; on an accelerator Ray makes
+        # only the actor's own device visible to it, so its local device is 0
+        local_ranks = list(range(self.world_size)) if gpus == 0 else [0] * self.world_size
+        for rank, actor in enumerate(self.actors):
+            self._run_refs.append(actor.run.remote(self.config, rank, local_ranks[rank], broadcast, responses))
+        self._monitor = threading.Thread(target=self._watch, name="host-ray-monitor", daemon=True)
+        self._monitor.start()
+
+    def _watch(self) -> None:
+        """Fail the executor when an actor's worker loop ends while it should be running."""
+        ray = self._ray
+        refs = list(self._run_refs)
+        while refs and not self._stopping:
+            done, refs = ray.wait(refs, num_returns=1, timeout=0.5)
+            if not done or self._stopping:
+                continue
+            rank = self._run_refs.index(done[0])
+            try:
+                ray.get(done[0])
+                why = "its worker loop returned before the engine asked it to stop"
+            except Exception as exc:  # noqa: BLE001 - Ray's reason goes into the message
+                why = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}"
+            if self._stopping:
+                return
+            self.fail(
+                f"Ray actor of worker rank {rank} (pid {self.pids[rank]}) died: {why}; the engine stops its other "
+                "workers and fails its requests (restart it; the actor's log is in the Ray session's logs)"
+            )
+            self._kill_actors()
+            return
+
+    def check_health(self) -> None:
+        """Raise if the executor failed; every ``HEALTH_INTERVAL_S`` (the engine calls this every
+        loop) also ping each actor, which must answer within ``HEALTH_TIMEOUT_S``."""
+        super().check_health()
+        now = time.monotonic()
+        if now - self._last_ping < HEALTH_INTERVAL_S:
+            return
+        self._last_ping = now
+        try:
+            self._ray.get([a.ping.remote() for a in self.actors], timeout=HEALTH_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - any failure of a ping is an unhealthy worker
+            self.fail(f"a Ray worker actor did not answer a ping within {HEALTH_TIMEOUT_S:.0f} s: {type(exc).__name__}: {exc}")
+            self._kill_actors()
+            super().check_health()
+
+    def _kill_actors(self) -> None:
+        for actor in getattr(self, "actors", []):
+            try:
+                self._ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+
+    def shutdown(self) -> None:
+        self._stopping = True  # before the loops see the shutdown message: their ends are no death
+        super().shutdown()
+
+    def _stop_workers(self) -> None:
+        self._stopping = True
+        ray = getattr(self, "_ray", None)
+        if ray is None:
+            return
+        if self._run_refs and self.failure is None:
+            ray.wait(self._run_refs, num_returns=len(self._run_refs), timeout=5.0)  # the loops saw SHUTDOWN
+        self._kill_actors()
+        if self._pg is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            try:
+                remove_placement_group(self._pg)
+            except Exception:  # noqa: BLE001 - the cluster may be gone already
+                pass
+            self._pg = None
+        monitor = getattr(self, "_monitor", None)
+        if monitor is not None and monitor is not threading.current_thread():
+            monitor.join(timeout=2.0)
+        if self._owns_ray:
+            self._owns_ray = False
+            ray.shutdown()
+
+
+@hookimpl
+def host_register_executors(register: Callable[..., None]) -> None:
+    register(RayExecutor)
