@@ -261,6 +261,10 @@ class EngineArgs:
                 enforce_eager=self.enforce_eager,
             ),
         )
+        if config.parallel.world_size > 1:  # a split the model cannot take fails here, before workers start
+            from host.core.models.parallel_layers import check_model_parallel
+
+            check_model_parallel(hf_config, config.parallel)
         host = get_plugin_host()
         host.call_each("host_adjust_config", config=config)
         config.compilation.resolve(config.scheduler.max_num_seqs, platform.can_capture_graphs())

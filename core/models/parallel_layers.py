@@ -472,3 +472,20 @@ class ModelShard:
 
     def __repr__(self) -> str:
         return f"ModelShard(tp {self.tp_rank}/{self.tp_size}, pp {self.pp_rank}/{self.pp_size})"
+
+
+def check_model_parallel(hf_config: Any, parallel_config: Any) -> None:
+    """Refuse, before any worker starts, a ``-tp`` / ``-pp`` the model cannot be split by (the
+    same ``ValueError`` its layers would raise at load): Llama-family head and MLP sizes for
+    ``-tp``, the layer partition for ``-pp``. Configs without those fields pass."""
+    from host.core.models.pipeline import partition_layers
+
+    tp, pp = parallel_config.tensor_parallel_size, parallel_config.pipeline_parallel_size
+    heads = getattr(hf_config, "num_attention_heads", None)
+    inter = getattr(hf_config, "intermediate_size", None)
+    if tp > 1 and isinstance(heads, int) and isinstance(inter, int):
+        kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
+        check_tp_shardable(heads, kv_heads, inter, tp)
+    layers = getattr(hf_config, "num_hidden_layers", None)
+    if pp > 1 and isinstance(layers, int):
+        partition_layers(layers, pp, parallel_config.pp_layer_partition)

@@ -214,3 +214,14 @@ def test_pipeline_stages_skip_what_they_do_not_hold_and_chain_to_hf_logits(tiny_
         logits = last.compute_logits(last(ids, positions, intermediate=handoff))
         reference = hf_model(path)(ids[None]).logits[0]
     torch.testing.assert_close(logits, reference, rtol=1e-4, atol=1e-4)
+
+
+def test_engine_args_refuse_an_unsplittable_model_before_workers_start(tiny_checkpoint) -> None:
+    from host.core.engine_args import EngineArgs
+
+    path = str(tiny_checkpoint("llama", weights=False, hidden_size=72, num_attention_heads=9, num_key_value_heads=3, intermediate_size=144))
+    with pytest.raises(ValueError, match=r"^-tp 2 cannot split 9 attention heads; use -tp 1, 3 or 9$"):
+        EngineArgs(model=path, skip_tokenizer_init=True, tensor_parallel_size=2).create_engine_config()
+    with pytest.raises(ValueError, match="--pp-layer-partition 1,2 must give 2 positive layer counts summing to the model's 2"):
+        EngineArgs(model=path, skip_tokenizer_init=True, pipeline_parallel_size=2, pp_layer_partition=[1, 2]).create_engine_config()
+    EngineArgs(model=path, skip_tokenizer_init=True, tensor_parallel_size=3).create_engine_config()  # 3 works
