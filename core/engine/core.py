@@ -14,6 +14,7 @@ import os
 from typing import Any, Iterable
 
 from host.core.config import EngineConfig
+from host.core.engine.batch_queue import BatchQueue
 from host.core.engine.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from host.core.engine.structured_output import StructuredOutputManager
 from host.core.kv_cache.manager import KVCacheManager
@@ -33,6 +34,7 @@ class EngineCore:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self._resolve_quantization()
+        self._check_pipeline_stages()
         self.executor = self._make_executor()
         self.kv_cache_config = self._initialize_kv_cache()
         self.kv_cache_manager = KVCacheManager(
@@ -40,13 +42,16 @@ class EngineCore:
             enable_caching=config.cache.enable_prefix_caching,
             max_model_len=config.scheduler.max_model_len,
         )
-        self.scheduler = Scheduler(config.scheduler, config.cache, self.kv_cache_manager)
+        pipelined = config.parallel.pipeline_parallel_size > 1
+        self.scheduler = Scheduler(config.scheduler, config.cache, self.kv_cache_manager, send_token_ids=pipelined)
         self._structured_output_manager: StructuredOutputManager | None = None
         # asynchronous scheduling: the step launched last, whose output is not processed yet
         self.async_scheduling = bool(config.scheduler.async_scheduling)
         self._in_flight: tuple[SchedulerOutput, Any] | None = None
         if self.async_scheduling:
             logger.info("Asynchronous scheduling: each step is planned while the previous one runs")
+        # pipeline parallelism: up to max_concurrent_batches steps in flight (batch_queue.py)
+        self.batch_queue = BatchQueue(self, self.executor.max_concurrent_batches) if pipelined else None
 
     def _resolve_quantization(self) -> None:
         """Decide each layer's quantization method once, here, for every worker (``config.quant.plan``)."""
@@ -55,6 +60,16 @@ class EngineCore:
 
         if self.config.quant.plan is None:
             self.config.quant.plan = resolve_quant_plan(self.config, registered_methods(), current_platform())
+
+    def _check_pipeline_stages(self) -> None:
+        """A ``--pp-layer-partition`` that does not fit the model is a ValueError here, before
+        any worker starts (each worker builds its stage with the same function)."""
+        parallel = self.config.parallel
+        if parallel.pipeline_parallel_size > 1:
+            from host.core.models.pipeline import partition_layers
+
+            num_layers = int(self.config.model.hf_config.num_hidden_layers)
+            partition_layers(num_layers, parallel.pipeline_parallel_size, parallel.pp_layer_partition)
 
     def _make_executor(self) -> Any:
         """The executor plugin named by ``--distributed-executor-backend``, with its workers up."""
@@ -70,7 +85,9 @@ class EngineCore:
     def _initialize_kv_cache(self) -> KVCacheConfig:
         """Size the KV cache (the override, or what the workers' profiling run leaves) and have
         every worker allocate it."""
-        specs = self.executor.collective_rpc("get_kv_cache_specs")[0]
+        # one list per rank (a pipeline stage lists its own layers): block ids are shared by
+        # every layer, so the stage with the largest page per block sets the count
+        specs = max(self.executor.collective_rpc("get_kv_cache_specs"), key=lambda s: sum(x.page_size_bytes for x in s))
         cache = self.config.cache
         if cache.num_gpu_blocks_override is not None:
             num_blocks = cache.num_gpu_blocks_override
@@ -143,7 +160,7 @@ class EngineCore:
         self.scheduler.finish_requests(list(request_ids), RequestStatus.FINISHED_ABORTED)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests() or self._in_flight is not None
+        return self.scheduler.has_unfinished_requests() or self._in_flight is not None or bool(self.batch_queue)
 
     def step(self) -> EngineCoreOutputs:
         """Schedule, execute and update once; returns the new tokens of every request.
@@ -151,7 +168,10 @@ class EngineCore:
         With asynchronous scheduling a step launches step N+1 and then processes step N's
         output, so planning and output handling overlap the device's work; the outputs lag one
         step. While any request's sampling depends on its own history (``needs_history``:
-        penalties, bad words, min_tokens, seeds, grammars), steps run one at a time."""
+        penalties, bad words, min_tokens, seeds, grammars), steps run one at a time. Under
+        pipeline parallelism the batch queue keeps several steps in flight instead."""
+        if self.batch_queue is not None:
+            return self.batch_queue.step()
         if self.async_scheduling and not self._needs_sync():
             return self._step_async()
         if self._in_flight is not None:
@@ -198,19 +218,26 @@ class EngineCore:
 
     # -- utilities: named calls the front end makes (UtilityCall over the wire) -----------------
     def utility_plugins(self) -> list[dict[str, Any]]:
-        """This process's plugin records (what ``host plugins list --json`` shows)."""
-        return [dict(r.to_dict(), process_pid=os.getpid()) for r in get_plugin_host().list_records()]
+        """This process's plugin records (what ``host plugins list --json`` shows), then those of
+        the worker processes when the workers run elsewhere (``mp``, ``ray``: rows with
+        ``process: "worker"``, their ``rank`` and ``process_pid``)."""
+        records = [dict(r.to_dict(), process="engine", process_pid=os.getpid()) for r in get_plugin_host().list_records()]
+        if getattr(self.executor, "worker", None) is None:
+            records += [row for rank_rows in self.executor.collective_rpc("plugin_records") for row in rank_rows]
+        return records
 
     def utility_describe(self) -> dict[str, Any]:
-        """Where this engine runs: process, platform, attention backend and KV cache size."""
-        worker = self.executor.worker
+        """Where this engine runs: process, platform, attention backend and KV cache size (the
+        worker's, or rank 0's when the workers are processes of their own)."""
+        from host.core.worker.worker_loop import describe_worker
+
+        worker = getattr(self.executor, "worker", None)
+        info = describe_worker(worker) if worker is not None else self.executor.collective_rpc("describe_worker")[0]
         return {
             "pid": os.getpid(),
-            "platform": getattr(worker.platform, "name", None),
-            "attention_backend": getattr(worker.model_runner.attn_backend, "name", None),
+            **info,
             "num_gpu_blocks": self.kv_cache_manager.num_blocks,
             "block_size": self.kv_cache_config.block_size,
-            "weight_bytes": getattr(worker.model_runner, "resident_weight_bytes", None),
             "quantization": self.config.quant.plan.describe() if self.config.quant.plan is not None else "none",
         }
 

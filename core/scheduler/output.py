@@ -28,6 +28,9 @@ class CachedRequestData:
     req_ids: list[str] = field(default_factory=list)
     new_block_ids: list[list[int]] = field(default_factory=list)  # appended to the block table
     num_computed_tokens: list[int] = field(default_factory=list)
+    # pipeline parallelism only (Scheduler(send_token_ids=True)): each request's input tokens
+    # this step, so stages that do not sample learn the tokens the last stage sampled
+    new_token_ids: list[list[int]] = field(default_factory=list)
 
 
 @dataclass

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Iterable
+from typing import Container, Iterable
 
 from host.core.config import CacheConfig, SchedulerConfig
 from host.core.engine.protocol import (
@@ -51,6 +51,7 @@ class Scheduler:
         scheduler_config: SchedulerConfig,
         cache_config: CacheConfig,
         kv_cache_manager: KVCacheManager,
+        send_token_ids: bool = False,
     ) -> None:
         if cache_config.block_size != kv_cache_manager.block_size:
             raise ValueError(
@@ -86,6 +87,9 @@ class Scheduler:
         # each request's queued / scheduled / preempted moments not yet sent (the latency metrics)
         self._events: dict[str, list[EngineCoreEvent]] = {}
         self._block_hasher = make_block_hasher(self.block_size) if kv_cache_manager.enable_caching else None
+        # pipeline parallelism: the first stage never sees sampled tokens, so the plan carries
+        # each running request's input tokens (CachedRequestData.new_token_ids)
+        self.send_token_ids = send_token_ids
 
     # -- requests in and out ------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -162,8 +166,13 @@ class Scheduler:
         return self.kv_cache_manager.reset_prefix_cache()
 
     # -- one step -----------------------------------------------------------------------------
-    def schedule(self) -> SchedulerOutput:
-        """Plan one step within the token budget (running requests first, then waiting ones)."""
+    def schedule(self, in_flight: Container[str] = frozenset(), max_num_reqs: int | None = None) -> SchedulerOutput:
+        """Plan one step within the token budget (running requests first, then waiting ones).
+
+        Requests in ``in_flight`` (in a launched step whose output is not processed yet: the
+        pipeline's batch queue) sit this step out, running or preempted; ``max_num_reqs`` caps
+        the requests of this step (the batch queue splits them over the pipeline's steps)."""
+        req_limit = self.max_num_running_reqs if max_num_reqs is None else max_num_reqs
         cfg = self.scheduler_config
         chunked = cfg.enable_chunked_prefill
         kv = self.kv_cache_manager
@@ -182,12 +191,13 @@ class Scheduler:
 
         # 1. running requests
         req_index = 0
-        while req_index < len(self.running) and token_budget > 0:
+        while req_index < len(self.running) and token_budget > 0 and len(num_scheduled) < req_limit:
             request = self.running[req_index]
             remaining = request.num_tokens_planned - request.num_computed_tokens
             is_decode = remaining == 1
-            if request.num_output_placeholders and self._done_once_returned(request):
-                # its token in flight reaches max_tokens / max_model_len: nothing more to run
+            if request.request_id in in_flight or (request.num_output_placeholders and self._done_once_returned(request)):
+                # in an unprocessed step of the pipeline, or its token in flight reaches
+                # max_tokens / max_model_len: nothing more to run now
                 if is_decode:
                     decodes_behind -= 1
                 req_index += 1
@@ -238,8 +248,12 @@ class Scheduler:
         # 2. waiting requests (not in a step that had to preempt: memory is short)
         skipped: list[Request] = []  # still compiling their grammar: stay queued, in order
         if not preempted:
-            while self.waiting and token_budget > 0 and len(self.running) < self.max_num_running_reqs:
+            while (self.waiting and token_budget > 0 and len(self.running) < self.max_num_running_reqs
+                   and len(num_scheduled) < req_limit):
                 request = self.waiting.peek_request()
+                if request.request_id in in_flight:  # preempted while its step is unprocessed
+                    skipped.append(self.waiting.pop_request())
+                    continue
                 if request.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR:
                     if not request.structured_output.ready():
                         skipped.append(self.waiting.pop_request())
@@ -297,6 +311,11 @@ class Scheduler:
             new_block_ids=[[b.block_id for b in new_blocks_of[r.request_id]] for r in scheduled_running],
             num_computed_tokens=[r.num_computed_tokens for r in scheduled_running],
         )
+        if self.send_token_ids:
+            cached.new_token_ids = [
+                r.all_token_ids[r.num_computed_tokens : r.num_computed_tokens + num_scheduled[r.request_id]]
+                for r in scheduled_running
+            ]
         output = SchedulerOutput(
             scheduled_new_reqs=new_reqs,
             scheduled_cached_reqs=cached,

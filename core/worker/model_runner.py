@@ -26,6 +26,7 @@ from host.core.worker.graph_runner import DecodeGraphs
 from host.core.worker.host_staging import HostStaging
 from host.core.worker.input_batch import CachedRequestState, InputBatch, StepInputs
 from host.core.worker.output import ModelRunnerOutput
+from host.core.worker.pipeline import PipelineStage
 from host.core.worker.sampler import LogprobsTensors, Sampler, gather_logprobs, make_metadata, seeded_generator
 from host.core.worker.step_handle import PendingStep, StepTiming
 from host.sdk.attention import AttentionBackend, CommonAttentionMetadata
@@ -54,6 +55,7 @@ class ModelRunner:
         self._prev_sampled: tuple[torch.Tensor, dict[str, int]] | None = None
         self.num_in_flight_tokens = 0  # inputs taken from the device (asynchronous scheduling)
         self.decode_graphs: DecodeGraphs | None = None
+        self.pipeline: PipelineStage | None = None  # this worker's stage (set by load_model)
         self._attention_layers: dict[int, Any] = {}
         # set to a list to record a StepTiming per step (benchmarks read it)
         self.step_timings: list[StepTiming] | None = None
@@ -74,10 +76,13 @@ class ModelRunner:
         self.model, self.hf_config = load_model(
             self.config.model, self.config.load, self.attn_backend, device=self.device,
             quant_plan=getattr(self.config, "quant", None) and self.config.quant.plan,
+            parallel_config=getattr(self.config, "parallel", None),
         )
         self.model.eval()
         self.weight_bytes = weight_bytes(self.model)
         self.platform.prepare_model(self.model, self.config)
+        self.pipeline = PipelineStage.of(self.model, self.hf_config, self.dtype, self.device)
+        self.pipeline.disable_whole_stack_paths(self.model, self.config.compilation)
         # what the weights occupy once the platform has prepared them (repacked copies included)
         self.resident_weight_bytes = weight_bytes(self.model)
         self.sampler = Sampler(draw_kernel=self.platform.sampling_kernel(self.config))
@@ -110,7 +115,16 @@ class ModelRunner:
         return int(self.hf_config.num_hidden_layers)
 
     @property
+    def kv_layers(self) -> range:
+        """Global indices of the layers whose KV cache this worker holds (its pipeline stage's)."""
+        return self.pipeline.layers if self.pipeline is not None else range(self.num_layers)
+
+    @property
     def num_kv_heads(self) -> int:
+        """KV heads each attention layer caches on this rank (fewer than the model's with -tp)."""
+        per_rank = getattr(self.model, "kv_heads_per_rank", None)
+        if per_rank is not None:
+            return int(per_rank)
         return int(getattr(self.hf_config, "num_key_value_heads", None) or self.hf_config.num_attention_heads)
 
     @property
@@ -118,13 +132,14 @@ class ModelRunner:
         return int(getattr(self.hf_config, "head_dim", None) or self.hf_config.hidden_size // self.hf_config.num_attention_heads)
 
     def get_kv_cache_specs(self) -> list[Any]:
-        """One spec per attention layer (all full attention for the supported models)."""
+        """One spec per attention layer of this worker's stage (all full attention for the
+        supported models)."""
         from host.core.kv_cache.spec import FullAttentionSpec, SlidingWindowSpec
 
         window = getattr(self.hf_config, "sliding_window", None) if getattr(self.hf_config, "use_sliding_window", False) else None
         kv_dtype = str(self.kv_cache_dtype).removeprefix("torch.")
         specs = []
-        for _ in range(self.num_layers):
+        for _ in self.kv_layers:
             if window:
                 specs.append(SlidingWindowSpec(self.block_size, self.num_kv_heads, self.head_size, kv_dtype, sliding_window=int(window)))
             else:
@@ -145,14 +160,13 @@ class ModelRunner:
         return self.weight_bytes
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
-        """Allocate one flat buffer for every layer's KV cache and view it per layer."""
-        assert self.attn_backend is not None
+        """Allocate one flat buffer for every layer's KV cache (of this worker's stage) and view
+        it per layer; ``kv_caches`` is indexed by global layer index."""
+        assert self.attn_backend is not None and self.pipeline is not None
         shape = self.attn_backend.get_kv_cache_shape(num_blocks, self.block_size, self.num_kv_heads, self.head_size)
         per_layer = int(np.prod(shape))
-        self.kv_buffer = torch.zeros(per_layer * self.num_layers, dtype=self.kv_cache_dtype, device=self.device)
-        self.kv_caches = [
-            self.kv_buffer[i * per_layer : (i + 1) * per_layer].view(shape) for i in range(self.num_layers)
-        ]
+        self.kv_buffer = torch.zeros(per_layer * len(self.kv_layers), dtype=self.kv_cache_dtype, device=self.device)
+        self.kv_caches = self.pipeline.layer_views(self.kv_buffer, shape)
         max_model_len = self.config.scheduler.max_model_len
         max_blocks = -(-max_model_len // self.block_size)
         self.input_batch = InputBatch(self.config.scheduler.max_num_seqs, max_model_len, max_blocks)
@@ -196,8 +210,11 @@ class ModelRunner:
         input_ids = torch.zeros(n, dtype=torch.int64, device=self.device)
         positions = torch.arange(n, device=self.device) % sched.max_model_len
         no_cache = [torch.empty(0, dtype=self.dtype, device=self.device)] * self.num_layers
+        stage_kw = self.pipeline.dummy_kwargs(n) if self.pipeline is not None else {}
         with set_forward_context(ForwardContext(None, no_cache, {"attention_layers": self._attention_layers})):
-            hidden = (self._forward if self._forward is not None else self.model)(input_ids, positions)
+            hidden = (self._forward if self._forward is not None else self.model)(input_ids, positions, **stage_kw)
+        if self.pipeline is not None and not self.pipeline.is_last:
+            return  # no logits on this stage
         rows = min(sched.max_num_seqs, n)
         logits = self.model.compute_logits(hidden[:rows])
         md = SamplingMetadata(temperature=torch.ones(rows), all_greedy=False, all_random=True,
@@ -221,6 +238,7 @@ class ModelRunner:
             if new_blocks:
                 batch.append_blocks(index, new_blocks)
                 batch.states[index].block_ids.extend(new_blocks)
+        self.pipeline.apply_new_token_ids(batch, cached)  # a stage that does not sample
         batch.condense()
 
     @staticmethod
@@ -329,8 +347,9 @@ class ModelRunner:
         if fill is not None:
             input_ids[fill[0]] = fill[1]
         positions = self.staging.to_device("pos", inputs.positions)
+        stage_kw = self.pipeline.forward_kwargs(len(inputs.input_ids))  # the previous stage's output
         with set_forward_context(ForwardContext(attn_metadata, self.kv_caches, {"attention_layers": self._attention_layers})):
-            return (self._forward if self._forward is not None else self.model)(input_ids, positions)
+            return (self._forward if self._forward is not None else self.model)(input_ids, positions, **stage_kw)
 
     @torch.inference_mode()
     def execute_model(self, so: SchedulerOutput, non_blocking: bool = False) -> "ModelRunnerOutput | PendingStep":
@@ -347,6 +366,9 @@ class ModelRunner:
         inputs = self._prepare_inputs(so)
         num_scheduled, req_ids = inputs.num_scheduled, inputs.req_ids
         hidden = self._run_forward(inputs)
+        if not self.pipeline.is_last:
+            self.pipeline.send(hidden)  # the last stage samples
+            return ModelRunnerOutput(req_ids=[], req_id_to_index={}, sampled_token_ids=[])
         if len(inputs.input_ids) == len(req_ids):
             last_hidden = hidden  # one token per request: every row is sampled
         else:

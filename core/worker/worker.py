@@ -38,20 +38,22 @@ class Worker:
         self.model_runner: ModelRunner | None = None
 
     def init_device(self) -> None:
+        parallel = self.config.parallel
         if self.platform.device_type == "cpu":
             self.device = torch.device("cpu")
         else:
-            visible = self.platform.logical_device_id_to_visible_device_id(self.local_rank)
+            # -dp N: engine i's ranks use the devices after engines 0..i-1's
+            device_index = parallel.data_parallel_rank * parallel.world_size + self.local_rank
+            visible = self.platform.logical_device_id_to_visible_device_id(device_index)
             self.device = torch.device(self.platform.device_type, visible)
             getattr(torch, self.platform.device_type).set_device(self.device)
         torch.manual_seed(self.config.model.seed)
-        parallel = self.config.parallel
         if parallel.world_size > 1:
             from host.core.distributed.parallel_state import init_distributed
 
             if self.device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
-                # the ranks share this machine's cores
-                torch.set_num_threads(max(1, (os.cpu_count() or 1) // parallel.world_size))
+                # the ranks (of every -dp engine) share this machine's cores
+                torch.set_num_threads(max(1, (os.cpu_count() or 1) // (parallel.world_size * parallel.data_parallel_size)))
             init_distributed(parallel, self.rank, self.local_rank, self.platform.dist_backend, self.device)
         self.model_runner = ModelRunner(self.config, self.device, self.platform)
 
@@ -82,7 +84,7 @@ class Worker:
             # no point holding more than every sequence slot filled to max_model_len (plus the
             # same again for prefix-cache reuse): a tiny model would otherwise get 2 GiB
             runner = self.model_runner
-            token_bytes = 2 * runner.num_layers * runner.num_kv_heads * runner.head_size * runner.kv_cache_dtype.itemsize
+            token_bytes = 2 * len(runner.kv_layers) * runner.num_kv_heads * runner.head_size * runner.kv_cache_dtype.itemsize
             useful = 2 * self.config.scheduler.max_num_seqs * self.config.scheduler.max_model_len * token_bytes
             return max(0, min(budget, CPU_DEFAULT_KV_BYTES, useful))
         return self._profile_device_memory()
