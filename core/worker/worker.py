@@ -42,9 +42,19 @@ class Worker:
         if self.platform.device_type == "cpu":
             self.device = torch.device("cpu")
         else:
-            # -dp N: engine i's ranks use the devices after engines 0..i-1's
-            device_index = parallel.data_parallel_rank * parallel.world_size + self.local_rank
+            # -dp N: engine i's ranks use the devices after engines 0..i-1's (a Ray actor sees only
+            # the device Ray gave it: its local rank is 0 whatever its engine)
+            offset = 0 if parallel.distributed_executor_backend == "ray" else parallel.data_parallel_rank * parallel.world_size
+            device_index = offset + self.local_rank
             visible = self.platform.logical_device_id_to_visible_device_id(device_index)
+            count = getattr(torch, self.platform.device_type).device_count()
+            if visible >= count:
+                raise RuntimeError(
+                    f"-dp {parallel.data_parallel_size} x -tp {parallel.tensor_parallel_size} x -pp "
+                    f"{parallel.pipeline_parallel_size} needs {parallel.data_parallel_size * parallel.world_size} "
+                    f"{self.platform.device_type} devices; this process sees {count} (device {visible} is missing): "
+                    "lower the sizes or make more devices visible"
+                )
             self.device = torch.device(self.platform.device_type, visible)
             getattr(torch, self.platform.device_type).set_device(self.device)
         torch.manual_seed(self.config.model.seed)
