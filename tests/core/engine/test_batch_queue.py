@@ -30,7 +30,7 @@ def engines(tiny):
     """(queued, one step at a time) with prefix caching, chunked prefill (24-token budget) and a
     KV cache tight enough to preempt."""
     common = dict(skip_tokenizer_init=True, max_model_len=64, max_num_batched_tokens=24, max_num_seqs=6,
-                  block_size=4, num_gpu_blocks_override=40, async_scheduling=False)
+                  block_size=4, num_gpu_blocks_override=20, async_scheduling=False)
     queued, sync = LLM(tiny[0], **common), LLM(tiny[0], **common)
     queued.engine.batch_queue = BatchQueue(queued.engine, DEPTH)
     return queued, sync
@@ -90,6 +90,7 @@ def test_tokens_and_logprobs_equal_one_step_at_a_time(engines, tiny):
                 assert sorted(a) == sorted(b)
                 assert all(abs(a[t].logprob - b[t].logprob) < 1e-4 for t in a)
     assert queued.engine.scheduler.make_stats().prefix_cache_hits > 0
+    assert queued.engine.scheduler.num_preemptions > 0
     no_leaks(queued)
 
 

@@ -99,6 +99,7 @@ def test_pp2_equals_one_process_and_transformers(llama):
         _stop(llm)
 
 
+@pytest.mark.slow  # four worker processes on two cores (over 20 s); `make test` still runs it
 def test_tp2_pp2_uneven_partition_on_qwen3(tiny_checkpoint):
     """Four processes (tp 2 in each of 2 stages), a 3 + 1 layer split, Qwen3 (q/k norms, GQA,
     untied LM head on the last stage)."""
