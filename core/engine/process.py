@@ -124,13 +124,17 @@ class EngineCoreProc:
                     # sent every step, outputs or not: the stats feed the server's metrics
                     self._send(self.engine.step())
             except Exception as exc:
-                self._fail_requests(f"{type(exc).__name__}: {exc}")
-                raise
+                reason = f"{type(exc).__name__}: {exc}"
+                logger.exception("the engine stops, failing its %d requests: %s", len(self.engine.scheduler.requests), reason)
+                self._fail_requests(reason)
+                self.close()
+                # exit at once: the interpreter's teardown (torch, transformers) takes seconds, tens
+                # on a busy machine, and the front end reports the engine dead only once it is gone
+                os._exit(1)
 
     def _fail_requests(self, reason: str) -> None:
         """The engine cannot go on (e.g. a worker died): every request it holds fails with
         ``reason`` before the process exits (the front end then sees the engine gone)."""
-        logger.error("engine failed, failing its %d requests: %s", len(self.engine.scheduler.requests), reason)
         outs = [
             EngineCoreOutput(req_id=req_id, new_token_ids=[], finish_reason="abort", error=reason)
             for req_id in list(self.engine.scheduler.requests)

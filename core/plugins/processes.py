@@ -109,6 +109,12 @@ def spawn_process(process: str, target: Callable[..., Any], *args: Any, name: st
         name=name or f"host-{process}",
         daemon=True,
     )
+    me = multiprocessing.current_process()
+    if me.daemon:
+        # a host child starting children of its own (the engine its workers): multiprocessing
+        # refuses that to a daemon, but these die with their parent anyway (death pipe and
+        # parent-death signal, above), which is what the refusal guards
+        me._config["daemon"] = False  # type: ignore[attr-defined]
     proc.start()
     reader.close()
     proc._host_death_pipe = writer  # type: ignore[attr-defined]  # closed with the process object

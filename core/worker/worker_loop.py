@@ -9,8 +9,9 @@ every worker reads, and the response queue back to the engine. The loop is the s
    one rank) and ``load_model()``; report ``ready`` (with a short description) or the start-up
    error on the response queue;
 2. read ``(method, args, kwargs, reply_ranks)`` messages; run ``getattr(worker, method)`` (or one
-   of the loop-level calls of :data:`LOOP_CALLS`); when this rank is in ``reply_ranks`` send the
-   result, or the exception's text — an exception fails that call, not the worker;
+   of the loop-level calls: ``describe_worker``, ``plugin_records``, ``broadcast_stats``,
+   ``ping``); when this rank is in ``reply_ranks`` send the result, or the exception's text —
+   an exception fails that call, not the worker;
 3. stop on :data:`SHUTDOWN` (or when the engine process goes away: the process that spawned this
    one arranges that, see :mod:`host.core.plugins.processes`).
 
@@ -77,6 +78,7 @@ class WorkerProc:
         self.loop_calls: dict[str, Callable[..., Any]] = {
             "describe_worker": lambda: describe_worker(self.worker),
             "plugin_records": lambda: plugin_records(self.rank),
+            "broadcast_stats": lambda: dict(self.broadcast.stats),
             "ping": lambda: os.getpid(),
         }
         self.responses.send(READY, rank, True, {"pid": os.getpid(), **describe_worker(self.worker)})
