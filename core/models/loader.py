@@ -234,7 +234,7 @@ def _shard_kwargs(model_cls: type, parallel_config: Any) -> dict[str, Any]:
     if "shard" not in inspect.signature(model_cls.__init__).parameters:
         raise ValueError(
             f"model class {model_cls.__name__} takes no shard, so it cannot run with -tp/-pp above 1; "
-            "use -tp 1 -pp 1, or build it from host.core.models.parallel_layers as LlamaForCausalLM does"
+            "use -tp 1 -pp 1, or give it a shard keyword and tensor-parallel layers as LlamaForCausalLM has"
         )
     from host.core.models.parallel_layers import ModelShard
 
