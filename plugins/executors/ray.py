@@ -161,6 +161,12 @@ class RayWorker:
     def ping(self) -> int:
         return os.getpid()
 
+    def plugin_records(self) -> list[dict[str, Any]]:
+        """This actor's plugin records (what its own bootstrap loaded), before or during the loop."""
+        from host.sdk.runtime import get_plugin_host
+
+        return [dict(r.to_dict(), process_pid=os.getpid()) for r in get_plugin_host().list_records()]
+
     def run(self, config: Any, rank: int, local_rank: int, broadcast: Any, responses: Any) -> None:
         from host.sdk.distributed import run_worker
 

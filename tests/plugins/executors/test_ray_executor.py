@@ -1,10 +1,13 @@
 """The Ray executor against a real local Ray cluster (this machine only, 2 CPUs) that this module starts
-and stops: one engine (``-tp 2 --distributed-executor-backend ray``, two CPU actors) serves every
-test, in file order; the last one kills an actor.
+and stops: one engine (``-tp 2 --distributed-executor-backend ray``, two CPU actors; a tiny Qwen3
+with its kv heads split; prefix caching and chunked prefill on) serves every test, in file order;
+the last one kills an actor.
 
-- greedy tokens equal transformers' on the same weights;
+- greedy tokens equal transformers' on the same weights, logprobs within 1e-4 (fp32), and each
+  actor caches one of the two kv heads (the model is split, not replicated);
 - a plugin installed only in the cluster's environment (the recorder fixture, through its entry
-  points) is loaded by each Ray actor itself, exactly the worker groups (vLLM #5657);
+  points) is loaded by each Ray actor itself, exactly the worker groups (vLLM #5657); the engine's
+  plugin allowlist reaches the actors;
 - a second engine that cannot get its placement group fails with the guidance, and leaves no
   placement group behind;
 - without Ray installed, choosing the executor names ``pip install host[ray]``;
@@ -29,7 +32,10 @@ from helpers import hf_greedy, hf_model
 from host import LLM, SamplingParams
 from host.hooks.groups import GROUPS, groups_for
 
-PROMPTS = [[1, 5, 9, 42, 7], [3, 17, 250, 8, 99, 101, 4]]
+# a shared 20-token prefix (block size 16: one block from the prefix cache the second time), prompts
+# longer than the 8-token step budget (chunked prefill)
+PREFIX = [11, 23, 5, 78, 140, 9, 33, 61, 2, 250, 17, 88, 4, 120, 45, 6, 99, 210, 31, 7]
+PROMPTS = [PREFIX + [12, 13], PREFIX + [40], [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]]
 N_TOKENS = 8
 
 
@@ -64,13 +70,15 @@ def record_file(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def model_path(tiny_checkpoint):
-    return tiny_checkpoint("llama")
+    # GQA with the kv heads split over the 2 ranks, q/k norms, an untied LM head, a vocabulary 2 does not divide
+    return tiny_checkpoint("qwen3", num_key_value_heads=2, tie_word_embeddings=False, vocab_size=301)
 
 
 @pytest.fixture(scope="module")
 def llm(ray_cluster, record_file, model_path):
-    engine = LLM(str(model_path), skip_tokenizer_init=True, max_model_len=64, tensor_parallel_size=2,
-                 distributed_executor_backend="ray", kv_cache_memory=4 * 2**20)
+    engine = LLM(str(model_path), skip_tokenizer_init=True, max_model_len=96, tensor_parallel_size=2,
+                 distributed_executor_backend="ray", kv_cache_memory=4 * 2**20, max_num_batched_tokens=8,
+                 max_num_seqs=4, enable_prefix_caching=True, enable_chunked_prefill=True)
     yield engine
     engine.shutdown()
 
@@ -82,13 +90,27 @@ def _executor(llm):
 
 
 def test_tp2_over_ray_matches_transformers(llm, model_path):
-    params = SamplingParams(max_tokens=N_TOKENS, temperature=0.0, ignore_eos=True)
-    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
+    import torch
+
+    params = SamplingParams(max_tokens=N_TOKENS, temperature=0.0, ignore_eos=True, logprobs=1)
+    outs = []
+    for batch in (PROMPTS[:1], PROMPTS):  # the second batch reuses the first's cached prefix block
+        outs += [(p, o.outputs[0]) for p, o in zip(batch, llm.generate([{"prompt_token_ids": p} for p in batch], params))]
     reference = hf_model(model_path)
-    assert [list(o.outputs[0].token_ids) for o in outs] == [hf_greedy(reference, p, N_TOKENS) for p in PROMPTS]
+    for prompt, comp in outs:
+        tokens = list(comp.token_ids)
+        assert tokens == hf_greedy(reference, prompt, N_TOKENS), prompt
+        with torch.inference_mode():  # the reference logprob of each sampled token, fp32
+            logits = reference(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1]
+        expected = torch.log_softmax(logits.float(), -1)[torch.arange(len(tokens)), tokens]
+        got = torch.tensor([pos[t].logprob for t, pos in zip(tokens, comp.logprobs)])
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-4)
     executor = _executor(llm)
     assert len(executor.actors) == 2 and os.getpid() not in executor.pids
     assert all(psutil.Process(pid).is_running() for pid in executor.pids)
+    # the model is split, not replicated: each actor caches one of the model's 2 kv heads
+    specs = executor.collective_rpc("get_kv_cache_specs")
+    assert [{spec.num_kv_heads for spec in rank_specs} for rank_specs in specs] == [{1}, {1}]
 
 
 def test_ray_actors_load_the_worker_groups_themselves(llm, record_file):
@@ -104,15 +126,37 @@ def test_ray_actors_load_the_worker_groups_themselves(llm, record_file):
     # what the actors report about their plugins comes from their own plugin hosts
     records = executor.collective_rpc("plugin_records")
     assert [{row["process_pid"] for row in rank_rows} for rank_rows in records] == [{pid} for pid in executor.pids]
-    assert all(any(row["name"] == "host_fixture_recorder" or "recorder" in json.dumps(row) for row in rank_rows) for rank_rows in records)
+    for rank_rows in records:
+        recorder = {r["group"] for r in rank_rows if r["distribution"] == "host-fixture-recorder" and r["status"] == "loaded"}
+        assert recorder == expected, recorder  # its worker-group plugins, loaded in the actor
     executor.check_health()
+
+
+def test_the_engine_plugin_settings_reach_the_actors(llm, ray_cluster, record_file):
+    """An empty allowlist (``HOST_PLUGINS=""``, as ``--plugins ""`` sets it in the engine) keeps the
+    recorder out of an actor although the cluster has it installed; host's own plugins still load."""
+    from host.core.plugins.settings import PluginSettings
+    from host.sdk.runtime import current_platform
+
+    env = ray_executor.worker_env(PluginSettings(allow=()).to_env(), current_platform())
+    assert env["HOST_PLUGINS"] == "" and env["HOST_FIXTURE_RECORD"] == str(record_file)
+    actor = ray_cluster.remote(ray_executor.RayWorker).options(num_cpus=0).remote(env)  # beside the engine's bundles
+    try:
+        pid = ray_cluster.get(actor.ping.remote(), timeout=120)
+        records = ray_cluster.get(actor.plugin_records.remote(), timeout=60)
+    finally:
+        ray_cluster.kill(actor)
+    recorder = [r for r in records if r["distribution"] == "host-fixture-recorder"]
+    assert recorder and all(r["status"] != "loaded" for r in recorder), recorder
+    assert any(r["builtin"] and r["status"] == "loaded" for r in records)
+    assert pid not in {json.loads(line)["pid"] for line in record_file.read_text().splitlines()}
 
 
 def test_a_placement_group_that_cannot_be_placed_is_explained(llm, model_path, ray_cluster, monkeypatch):
     monkeypatch.setenv(ray_executor.ENV_PG_TIMEOUT, "2")
     before = len(ray_cluster.util.placement_group_table())
     with pytest.raises(RuntimeError, match=r"placement group of 2 bundles .* not placed within 2 s.*`ray status`.*this machine's address"):
-        LLM(str(model_path), skip_tokenizer_init=True, max_model_len=64, tensor_parallel_size=2,
+        LLM(str(model_path), skip_tokenizer_init=True, max_model_len=96, tensor_parallel_size=2,
             distributed_executor_backend="ray", kv_cache_memory=4 * 2**20)
     table = ray_cluster.util.placement_group_table()
     assert sum(pg["state"] != "REMOVED" for pg in table.values()) == 1  # only the module engine's
