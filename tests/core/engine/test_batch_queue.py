@@ -33,7 +33,9 @@ def engines(tiny):
                   block_size=4, num_gpu_blocks_override=20, async_scheduling=False)
     queued, sync = LLM(tiny[0], **common), LLM(tiny[0], **common)
     queued.engine.batch_queue = BatchQueue(queued.engine, DEPTH)
-    return queued, sync
+    yield queued, sync
+    queued.shutdown()
+    sync.shutdown()
 
 
 def prompts(seed, lengths, prefix=()):
