@@ -8,7 +8,8 @@ nothing.
 The cluster: with Ray already initialized in this process it is used as it is; with
 ``RAY_ADDRESS`` set, or a cluster running on this machine (``ray start --head``), this process
 connects to it; otherwise it starts a local one-machine cluster (no dashboard)
-and stops it again at :meth:`~RayExecutor.shutdown`.
+and stops it again at :meth:`~RayExecutor.shutdown` — or, if this process is killed, a small reaper
+process does (Ray's node agents would outlive it).
 
 Placement: one bundle per rank (``{"CPU": 1}`` on the CPU platform, ``{<platform.ray_device_key>:
 1, "CPU": 1}`` on an accelerator), strategy ``PACK``, and bundle 0 pinned to the node this
@@ -37,6 +38,8 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
 import threading
 import time
 from typing import Any, Callable
@@ -90,8 +93,78 @@ def connect(ray: Any, num_cpus: int | None) -> bool:
     except ConnectionError:
         pass
     logger.info("no Ray cluster to connect to: starting a local one on this machine")
+    before = _descendants(os.getpid())
     ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
+    _start_reaper(sorted(_descendants(os.getpid()) - before))
     return True
+
+
+# -- a local cluster dies with the engine ------------------------------------------------------------
+# Ray's head processes share the fate of the process that started them, but its per-node agents
+# (dashboard agent, runtime-env agent) outlive a SIGKILLed engine. A small process of its own
+# (its own session, so it outlives the engine) waits for the engine to go away and kills the cluster
+# processes the engine started, unless the engine said it stopped them itself.
+
+_REAPER = """
+import os, signal, sys
+pids = [int(p) for p in sys.argv[1:]]
+if sys.stdin.read().strip() != "stopped":
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                if b"ray" not in fh.read():
+                    continue
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+"""
+_reaper: Any = None
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every process below ``pid`` (Linux ``/proc``; empty elsewhere)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return set()
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                ppid = int(fh.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _start_reaper(pids: list[int]) -> None:
+    global _reaper
+    if not pids or not sys.platform.startswith("linux"):
+        return
+    _reaper = subprocess.Popen(
+        [sys.executable, "-c", _REAPER, *map(str, pids)], stdin=subprocess.PIPE, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+
+
+def _stop_reaper() -> None:
+    """The engine stopped its local cluster itself: the reaper leaves without killing."""
+    global _reaper
+    if _reaper is not None:
+        try:
+            _reaper.communicate(b"stopped", timeout=5)
+        except Exception:  # noqa: BLE001 - it only ever kills Ray processes of ours
+            _reaper.kill()
+        _reaper = None
 
 
 def driver_node(ray: Any) -> tuple[str, str]:
@@ -309,6 +382,7 @@ class RayExecutor(BroadcastExecutor):
         if self._owns_ray:
             self._owns_ray = False
             ray.shutdown()
+            _stop_reaper()
 
 
 @hookimpl
