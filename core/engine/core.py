@@ -85,16 +85,23 @@ class EngineCore:
     def _initialize_kv_cache(self) -> KVCacheConfig:
         """Size the KV cache (the override, or what the workers' profiling run leaves) and have
         every worker allocate it."""
-        # one list per rank (a pipeline stage lists its own layers): block ids are shared by
-        # every layer, so the stage with the largest page per block sets the count
-        specs = max(self.executor.collective_rpc("get_kv_cache_specs"), key=lambda s: sum(x.page_size_bytes for x in s))
+        # one list per rank (a pipeline stage lists its own layers)
+        rank_specs = self.executor.collective_rpc("get_kv_cache_specs")
+        specs = max(rank_specs, key=lambda s: sum(x.page_size_bytes for x in s))
         cache = self.config.cache
+        max_len = self.config.scheduler.max_model_len
         if cache.num_gpu_blocks_override is not None:
             num_blocks = cache.num_gpu_blocks_override
             source = "num_gpu_blocks_override"
+        elif self.config.parallel.pipeline_parallel_size > 1:
+            # a block id names a block in every layer of every stage: the tightest rank (its
+            # budget over its own stage's page size) sets the count
+            budgets = self.executor.collective_rpc("determine_available_memory")
+            num_blocks = min(num_blocks_from_memory(b, s, max_len) for b, s in zip(budgets, rank_specs))
+            source = f"KV budgets of {min(budgets) / 2**20:.1f}-{max(budgets) / 2**20:.1f} MiB per rank"
         else:
             available = self.executor.determine_available_memory()
-            num_blocks = num_blocks_from_memory(available, specs, self.config.scheduler.max_model_len)
+            num_blocks = num_blocks_from_memory(available, specs, max_len)
             source = f"a KV budget of {available / 2**20:.1f} MiB"
         kv_cache_config = KVCacheConfig(num_blocks, cache.block_size, specs)
         cache.num_gpu_blocks = num_blocks
