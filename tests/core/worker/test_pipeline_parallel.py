@@ -16,6 +16,7 @@ import pytest
 
 from helpers import hf_greedy, hf_model
 from host import LLM, SamplingParams
+from host.core.scheduler.request import Request
 
 ENGINE = dict(skip_tokenizer_init=True, max_model_len=64, max_num_batched_tokens=24, max_num_seqs=8, block_size=4)
 NEW = 8
@@ -95,6 +96,18 @@ def test_pp2_equals_one_process_and_transformers(llama):
         # each stage holds the KV cache of its own two layers only
         kv = engine.executor.collective_rpc("get_kv_cache_specs")
         assert [len(specs) for specs in kv] == [2, 2]
+        # two steps in the pipeline at once, split evenly, never sharing a request
+        for i, p in enumerate(PROMPTS[:4]):
+            engine.add_request(Request(f"fill{i}", p, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)))
+        tokens: dict[str, list[int]] = {f"fill{i}": [] for i in range(4)}
+        both = 0
+        while engine.has_unfinished_requests():
+            for out in engine.step().outputs:
+                tokens[out.req_id] += out.new_token_ids
+            queued = [set(so.num_scheduled_tokens) for so, _ in engine.batch_queue._steps]
+            both += len(queued) == 1 and len(queued[0]) == 2  # the other half was just handed back
+        assert both >= 2
+        assert all(tokens[f"fill{i}"] == hf_greedy(hf, PROMPTS[i], 4) for i in range(4))
     finally:
         _stop(llm)
 
