@@ -107,6 +107,9 @@ def test_a_worker_error_names_its_rank_and_the_executor_goes_on(recorded):
         executor.collective_rpc("no_such_method")
     assert executor.collective_rpc("ping") == [p.pid for p in executor.workers]
     assert executor.collective_rpc("ping", unique_reply_rank=1) == [executor.workers[1].pid]
+    # several calls in flight: each handle gets its own reply, whatever order they are waited on in
+    handles = [executor.collective_rpc("ping", unique_reply_rank=i % 2, non_blocking=True) for i in range(4)]
+    assert [h.get_output() for h in reversed(handles)] == [executor.workers[i % 2].pid for i in reversed(range(4))]
 
 
 def test_a_worker_that_fails_to_start_is_named_with_its_error_and_nothing_is_left(tiny_checkpoint):
