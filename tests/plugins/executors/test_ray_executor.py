@@ -10,7 +10,8 @@ the last one kills an actor.
   plugin allowlist reaches the actors;
 - a second engine that cannot get its placement group fails with the guidance, and leaves no
   placement group behind;
-- without Ray installed, choosing the executor names ``pip install host[ray]``;
+- without Ray installed, choosing the executor names ``pip install host[ray]``; the bundles per
+  platform (a GPU bundle checked without a GPU);
 - killing one actor mid-generation fails the generation with a clear error within seconds and
   leaves no actor process alive.
 """
@@ -170,6 +171,25 @@ def test_without_ray_the_error_names_the_extra(monkeypatch, model_path):
             distributed_executor_backend="ray")
 
 
+def test_bundles_per_platform():
+    """One bundle per rank with the platform's Ray device key; bundle 0 pinned to the driver's node."""
+    from host.plugins.builtin_cpu.platform import CpuPlatform
+    from host.plugins.builtin_cuda.platform import CudaPlatform
+    from host.sdk import Platform
+
+    assert ray_executor.bundles_for(2, CpuPlatform(), "10.0.0.5") == [{"CPU": 1.0, "node:10.0.0.5": 0.001}, {"CPU": 1.0}]
+    assert ray_executor.bundles_for(2, CudaPlatform(), "10.0.0.5") == [
+        {"GPU": 1.0, "CPU": 1.0, "node:10.0.0.5": 0.001}, {"GPU": 1.0, "CPU": 1.0},
+    ]
+
+    class NoRay(Platform):
+        name = "npu"
+        device_type = "npu"
+
+    with pytest.raises(ValueError, match="the npu platform names no Ray resource .*--distributed-executor-backend mp"):
+        ray_executor.bundles_for(2, NoRay(), "10.0.0.5")
+
+
 def test_killing_an_actor_mid_generation_fails_clearly_and_leaves_nothing(llm):
     executor = _executor(llm)
     pids = list(executor.pids)
@@ -201,6 +221,14 @@ def test_killing_an_actor_mid_generation_fails_clearly_and_leaves_nothing(llm):
     with pytest.raises(RuntimeError, match="died"):
         executor.check_health()
     deadline = time.monotonic() + 15
-    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
-        assert time.monotonic() < deadline, f"actor processes left: {[p for p in pids if psutil.pid_exists(p)]}"
+    while any(map(_alive, pids)):
+        assert time.monotonic() < deadline, f"actor processes left: {[p for p in pids if _alive(p)]}"
         time.sleep(0.2)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
