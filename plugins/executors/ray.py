@@ -21,8 +21,9 @@ the worker entry-point groups (general, platforms, attention backends, quantizat
 connectors) loaded by the actor itself, so an out-of-tree model or platform registered by an
 entry point is known in every Ray worker (vLLM's "Ray workers do not know my model", #5657). The
 engine's plugin settings (``HOST_PLUGINS``, ``HOST_BLOCK_PLUGINS``...), every other ``HOST_*``
-variable and the platform's ``additional_env_vars`` reach the actors through the runtime
-environment. Then one long call per actor runs host's worker loop (``host.sdk.distributed``),
+variable and the platform's ``additional_env_vars`` go to each actor's constructor, which sets
+them before its plugin host (or torch) reads any (not Ray's ``runtime_env``: a job's own runtime
+environment stays the user's, and no runtime-env agent is needed). Then one long call per actor runs host's worker loop (``host.sdk.distributed``),
 the same code the ``mp`` workers run, reading the same shared-memory step broadcast and replying
 on the same response queue (:class:`~host.plugins.executors.common.BroadcastExecutor`). The
 shared-memory broadcast needs every actor on the engine's machine: an actor placed on another
