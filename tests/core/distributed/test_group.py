@@ -7,8 +7,6 @@ from types import SimpleNamespace
 
 import torch
 
-from host.core.distributed.group import GroupCoordinator
-
 
 def _free_port() -> int:
     with socket.socket() as s:
