@@ -180,6 +180,8 @@ class SyncMPClient:
             while not self._from_engine.poll(200):
                 self._check_alive()
             msg = from_engine_decoder.decode(self._from_engine.recv())
+            if msg.fatal_error is not None:
+                raise EngineDeadError(msg.fatal_error)
             if not msg.heartbeat:
                 return msg
 
@@ -301,6 +303,9 @@ class AsyncMPClient:
                 self._last_message = time.monotonic()
                 if msg.heartbeat:
                     continue
+                if msg.fatal_error is not None:
+                    self._fail(msg.fatal_error)
+                    return
                 if msg.utility is not None:
                     fut = self._utility_waiters.pop(msg.utility.call_id, None)
                     if fut is not None and not fut.done():

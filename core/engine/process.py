@@ -133,14 +133,10 @@ class EngineCoreProc:
                 os._exit(1)
 
     def _fail_requests(self, reason: str) -> None:
-        """The engine cannot go on (e.g. a worker died): every request it holds fails with
-        ``reason`` before the process exits (the front end then sees the engine gone)."""
-        outs = [
-            EngineCoreOutput(req_id=req_id, new_token_ids=[], finish_reason="abort", error=reason)
-            for req_id in list(self.engine.scheduler.requests)
-        ]
-        if outs:
-            self._send(EngineCoreOutputs(outputs=outs))
+        """The engine cannot go on (e.g. a worker died): its last message says why, and the front
+        end fails every request it sent here with that reason (an engine failure: HTTP 503)
+        before it sees the process gone."""
+        self._send(EngineCoreOutputs(fatal_error=reason))
 
     def close(self) -> None:
         self.engine.shutdown()

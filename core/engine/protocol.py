@@ -146,6 +146,9 @@ class EngineCoreOutputs(msgspec.Struct, omit_defaults=True):
     # which data-parallel engine sent this (its parallel.data_parallel_rank; -dp, the /metrics
     # "engine" label)
     engine_index: int = 0
+    # the engine's last message before it exits (a worker process died, a step raised): every
+    # request it held fails with this reason, as an engine failure (HTTP 503), not a bad request
+    fatal_error: str | None = None
 
 
 def _enc_hook(obj: Any) -> Any:
