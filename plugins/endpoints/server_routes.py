@@ -1,7 +1,8 @@
 """The non-generation routes, as endpoint plugins: ``/v1/models``, ``/tokenize`` and
 ``/detokenize``, ``/tokenizer_info`` (with ``--enable-tokenizer-info-endpoint``), ``/health`` and
 ``/version``, ``/load`` (with ``--enable-server-load-tracking``), ``/metrics`` (Prometheus) and
-``/v1/plugins`` (what ``host plugins list --json`` prints, for every process of this server).
+``/v1/plugins`` (what ``host plugins list --json`` prints, for every process of this server: the
+API process, the engine process and each worker process of an ``mp`` / ``ray`` executor).
 
 A route behind a flag is not attached without it, so it answers 404 as on vLLM."""
 
@@ -306,7 +307,12 @@ class PluginsEndpoint(EndpointPlugin):
             if engine is not None and engine.is_healthy:
                 try:
                     records = await engine.utility("plugins", timeout=10)
-                    processes["engine"] = {"pid": engine.engine_pid, "plugins": records}
+                    processes["engine"] = {"pid": engine.engine_pid, "plugins": [r for r in records if r.get("process") != "worker"]}
+                    # worker processes (the mp and ray executors) report their own records
+                    for row in records:
+                        if row.get("process") == "worker":
+                            entry = processes.setdefault(f"worker {row.get('rank', 0)}", {"pid": row.get("process_pid"), "plugins": []})
+                            entry["plugins"].append(row)
                 except Exception as exc:  # noqa: BLE001 - the listing still answers
                     processes["engine"] = {"pid": engine.engine_pid, "error": str(exc)}
             return JSONResponse({"processes": processes, "time": time.time()})

@@ -57,10 +57,17 @@ def list_plugins(
     group: Optional[str] = typer.Option(None, "--group", help="Only this entry-point group (e.g. host.platforms)."),
     process: Optional[str] = typer.Option(None, "--process", help="Only groups this process loads: api, engine or worker."),
     show_all: bool = typer.Option(False, "--all", help="Also show what each plugin registered and groups with no plugin."),
+    server: Optional[str] = typer.Option(
+        None, "--server", help="Ask a running host serve (e.g. http://127.0.0.1:8000) what each of its processes loaded: "
+        "the API server, the engine and every worker process. The API key is read from HOST_API_KEY.",
+    ),
     *,
     plugin_flags: dict[str, Any],
 ) -> None:
     """List every discovered plugin: group, distribution, processes, status and hooks."""
+    if server is not None:
+        _list_server_plugins(server, as_json)
+        return
     host = inspect_host(**plugin_flags)
     rows = _rows(host, group, process)
     unknown = host.unknown_allowlisted()
@@ -95,6 +102,36 @@ def list_plugins(
                 console.print(f"[dim]{name}: no plugin installed ({g.summary}; processes: {','.join(g.processes)})[/dim]")
     for name in unknown:
         console.print(f"[red]allowlisted name {name!r} matches no installed plugin[/red]")
+
+
+def _list_server_plugins(server: str, as_json: bool) -> None:
+    """What each process of a running server loaded, from its ``/v1/plugins``."""
+    import os
+
+    import httpx
+
+    headers = {"Authorization": f"Bearer {os.environ['HOST_API_KEY']}"} if os.environ.get("HOST_API_KEY") else {}
+    url = server.rstrip("/") + "/v1/plugins"
+    try:
+        response = httpx.get(url, headers=headers, timeout=30)
+        response.raise_for_status()
+    except httpx.HTTPError as exc:
+        typer.echo(f"cannot read {url}: {exc}; is `host serve` running there (and HOST_API_KEY set if it needs a key)?", err=True)
+        raise typer.Exit(1) from None
+    payload = response.json()
+    if as_json:
+        typer.echo(json.dumps(payload, indent=2))
+        return
+    console = Console(width=max(Console().width, 160))
+    table = Table(title=f"plugins loaded by {server}", show_lines=False)
+    for col in ("process", "pid", "name", "group", "distribution", "status"):
+        table.add_column(col)
+    for process, entry in payload.get("processes", {}).items():
+        if "error" in entry:
+            table.add_row(process, str(entry.get("pid")), "", "", "", f"[red]{entry['error']}[/red]")
+        for row in entry.get("plugins", []):
+            table.add_row(process, str(row.get("process_pid", entry.get("pid"))), row["name"], row["group"], row["distribution"], row["status"])
+    console.print(table)
 
 
 @plugins_app.command("check", cls=GroupedHelpCommand)

@@ -23,9 +23,11 @@ import httpx
 import openai
 import psutil
 import pytest
+from typer.testing import CliRunner
 
 from helpers import hf_greedy, hf_model, on_sys_path, run_server
 from host import LLM, SamplingParams
+from host.core.entrypoints.cli.main import app
 from host.hooks.groups import GROUPS, groups_for
 
 PROMPTS = [[5, 17, 42, 99, 3, 250, 7], [11, 12, 13], list(range(20, 60))]
@@ -139,9 +141,15 @@ def served(tmp_path_factory, tiny_checkpoint):
 
 def test_a_killed_worker_fails_the_stream_turns_health_503_and_leaves_no_process(served):
     processes = httpx.get(f"{served.url}/v1/plugins", timeout=30).json()["processes"]
-    worker_rows = [r for r in processes["engine"]["plugins"] if r.get("process") == "worker"]
-    worker_pids = sorted({(r["rank"], r["process_pid"]) for r in worker_rows})
+    assert sorted(processes) == ["api", "engine", "worker 0", "worker 1"]
+    worker_pids = sorted({(r["rank"], r["process_pid"]) for w in ("worker 0", "worker 1") for r in processes[w]["plugins"]})
     assert [rank for rank, _ in worker_pids] == [0, 1]
+    assert all(r["process"] == "worker" for w in ("worker 0", "worker 1") for r in processes[w]["plugins"])
+    # `host plugins list --server URL` prints every process's records, the workers' with their pids
+    listing = CliRunner().invoke(app, ["plugins", "list", "--server", served.url])
+    assert listing.exit_code == 0, listing.output
+    for rank, pid in worker_pids:
+        assert any(line.split("│")[1:3] == [f" worker {rank} ", f" {pid} "] for line in listing.output.splitlines() if "│" in line), listing.output
     server_proc = psutil.Process(served.proc.pid)
     tree = server_proc.children(recursive=True)
     assert {pid for _, pid in worker_pids} <= {p.pid for p in tree}
