@@ -335,11 +335,7 @@ class AsyncMPClient:
 
     async def get_output_async(self) -> EngineCoreOutputs:
         """The next step's outputs; raises :class:`EngineDeadError` once the engine is gone."""
-        item = await self._outputs.get()
-        if isinstance(item, BaseException):
-            self._outputs.put_nowait(item)  # every later reader fails the same way
-            raise item
-        return item
+        return await next_output(self._outputs)
 
     async def utility_async(self, method: str, *args: Any, timeout: float = 30.0) -> Any:
         """Call ``EngineCore.utility_<method>(*args)`` in the engine process."""
@@ -362,6 +358,16 @@ class AsyncMPClient:
         for task in self._tasks:
             task.cancel()
         self._ctx.destroy(linger=0)
+
+
+async def next_output(queue: asyncio.Queue) -> Any:
+    """The next item of an engine client's output queue; an exception there (the engine is gone)
+    is raised, and left in the queue so every later reader fails the same way."""
+    item = await queue.get()
+    if isinstance(item, BaseException):
+        queue.put_nowait(item)
+        raise item
+    return item
 
 
 def _utility_result(result: UtilityResult) -> Any:

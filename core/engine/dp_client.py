@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 import zmq
 
-from host.core.engine.client import AsyncMPClient, EngineDeadError, EngineStartupError, SyncMPClient
+from host.core.engine.client import AsyncMPClient, EngineDeadError, EngineStartupError, SyncMPClient, next_output
 from host.core.engine.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats, from_engine_decoder
 
 logger = logging.getLogger("host.engine_client")
@@ -218,11 +218,7 @@ class DPAsyncMPClient:
 
     async def get_output_async(self) -> EngineCoreOutputs:
         """The next outputs of any engine; raises :class:`EngineDeadError` once one is gone."""
-        item = await self._outputs.get()
-        if isinstance(item, BaseException):
-            self._outputs.put_nowait(item)  # every later reader fails the same way
-            raise item
-        return item
+        return await next_output(self._outputs)
 
     async def utility_all_async(self, method: str, *args: Any, timeout: float = 30.0) -> list[Any]:
         """``EngineCore.utility_<method>(*args)`` in every engine: their results, in engine order."""
