@@ -39,21 +39,21 @@ def blocks_free(llm):
     return m.block_pool.get_num_free_blocks() == m.num_blocks - 1 and not m.req_to_blocks
 
 
-def test_twenty_json_schema_generations_parse_and_validate(llm):
+def test_ten_json_schema_generations_parse_and_validate(llm):
     conversations = [
         [{"role": "user", "content": f"Invent person #{i}: give name, age, city and a few tags as JSON."}]
-        for i in range(20)
+        for i in range(10)
     ]
     params = [
         SamplingParams(max_tokens=120, temperature=0.8, top_p=0.95, seed=i, structured_outputs={"json": SCHEMA})
-        for i in range(20)
+        for i in range(10)
     ]
     outs = llm.chat(conversations, params)
     texts = [o.outputs[0].text for o in outs]
     for text, out in zip(texts, outs):
         assert out.outputs[0].finish_reason == "stop", f"did not finish: {text!r}"
         jsonschema.validate(json.loads(text), SCHEMA)
-    assert len(set(texts)) > 10, "different seeds give different objects"
+    assert len(set(texts)) > 5, "different seeds give different objects"
     assert blocks_free(llm)
 
 

@@ -115,21 +115,29 @@ def test_a_failed_start_leaves_no_ipc_dir(tmp_path):
     assert not list(ipc_tmp.glob("host-ipc-*"))
 
 
-def test_half_open_connections_are_closed_after_the_header_read_timeout(tmp_path):
-    with run_server(tmp_path, ["--header-read-timeout", "1"]) as server:
-        socks = []
-        for i in range(50):
-            s = socket.create_connection(("127.0.0.1", server.port))
-            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n" if i % 2 else b"")  # headers never end
-            s.settimeout(15)
-            socks.append(s)
-        try:
-            for s in socks:
-                assert s.recv(100) == b"", "a half-open connection was not closed"
-        finally:
-            for s in socks:
-                s.close()
-        assert httpx.get(f"{server.url}/health").status_code == 200  # complete requests still served
+@pytest.fixture(scope="module")
+def keyed_server(tmp_path_factory):
+    """One server for the key, header-timeout and SIGTERM tests (the SIGTERM test, last, stops it)."""
+    args = ["--api-key", "sekret", "--served-model-name", "tiny-chat", "--header-read-timeout", "1"]
+    with run_server(tmp_path_factory.mktemp("keyed"), args) as server:
+        yield server
+
+
+def test_half_open_connections_are_closed_after_the_header_read_timeout(keyed_server):
+    server = keyed_server
+    socks = []
+    for i in range(50):
+        s = socket.create_connection(("127.0.0.1", server.port))
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n" if i % 2 else b"")  # headers never end
+        s.settimeout(15)
+        socks.append(s)
+    try:
+        for s in socks:
+            assert s.recv(100) == b"", "a half-open connection was not closed"
+    finally:
+        for s in socks:
+            s.close()
+    assert httpx.get(f"{server.url}/health").status_code == 200  # complete requests still served
 
 
 def test_engine_death_fails_requests_fast_and_health_turns_503(tmp_path):
@@ -171,21 +179,21 @@ def test_engine_death_fails_requests_fast_and_health_turns_503(tmp_path):
         assert r.status_code == 503
 
 
-def test_api_key_guards_v1_but_not_health(tmp_path):
-    with run_server(tmp_path, ["--api-key", "sekret", "--served-model-name", "tiny-chat"]) as server:
-        assert httpx.get(f"{server.url}/health").status_code == 200
-        r = httpx.get(f"{server.url}/v1/models")
-        assert r.status_code == 401 and r.json()["error"]["type"] == "AuthenticationError"
-        with pytest.raises(openai.AuthenticationError):
-            openai.OpenAI(base_url=f"{server.url}/v1", api_key="wrong", max_retries=0).models.list()
-        good = openai.OpenAI(base_url=f"{server.url}/v1", api_key="sekret")
-        assert [m.id for m in good.models.list().data] == ["tiny-chat"]
-        out = good.completions.create(model="tiny-chat", prompt="Hi", max_tokens=2)
-        assert out.model == "tiny-chat"
-        # start-up summary
-        log = server.log()
-        assert "platform: cpu" in log and "attention backend: cpu_paged" in log
-        assert "plugins (engine process" in log and "API key required" in log
+def test_api_key_guards_v1_but_not_health(keyed_server):
+    server = keyed_server
+    assert httpx.get(f"{server.url}/health").status_code == 200
+    r = httpx.get(f"{server.url}/v1/models")
+    assert r.status_code == 401 and r.json()["error"]["type"] == "AuthenticationError"
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{server.url}/v1", api_key="wrong", max_retries=0).models.list()
+    good = openai.OpenAI(base_url=f"{server.url}/v1", api_key="sekret")
+    assert [m.id for m in good.models.list().data] == ["tiny-chat"]
+    out = good.completions.create(model="tiny-chat", prompt="Hi", max_tokens=2)
+    assert out.model == "tiny-chat"
+    # start-up summary
+    log = server.log()
+    assert "platform: cpu" in log and "attention backend: cpu_paged" in log
+    assert "plugins (engine process" in log and "API key required" in log
 
 
 def test_third_party_endpoint_needs_the_allowlist(tmp_path, fixture_sites):
@@ -203,21 +211,21 @@ def test_third_party_endpoint_needs_the_allowlist(tmp_path, fixture_sites):
         assert httpx.post(f"{server.url}/v1/completions", json={"prompt": "hi", "max_tokens": 2}).status_code == 200
 
 
-def test_sigterm_stops_the_engine_process(tmp_path):
-    with run_server(tmp_path) as server:
-        engine_pid = httpx.get(f"{server.url}/v1/plugins").json()["processes"]["engine"]["pid"]
-        server.proc.send_signal(signal.SIGTERM)
-        # uvicorn shuts down gracefully, then re-raises the signal it caught
-        assert server.proc.wait(30) in (0, -signal.SIGTERM)
-        assert "Application shutdown complete" in server.log()
-        for _ in range(50):
-            try:
-                os.kill(engine_pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.1)
-        else:
-            pytest.fail("the engine process outlived the server")
+def test_sigterm_stops_the_engine_process(keyed_server):
+    server = keyed_server
+    engine_pid = httpx.get(f"{server.url}/v1/plugins", headers={"Authorization": "Bearer sekret"}).json()["processes"]["engine"]["pid"]
+    server.proc.send_signal(signal.SIGTERM)
+    # uvicorn shuts down gracefully, then re-raises the signal it caught
+    assert server.proc.wait(30) in (0, -signal.SIGTERM)
+    assert "Application shutdown complete" in server.log()
+    for _ in range(50):
+        try:
+            os.kill(engine_pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the engine process outlived the server")
 
 
 def test_async_scheduling_server_keeps_streams_apart(tmp_path):

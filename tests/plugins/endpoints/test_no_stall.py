@@ -27,19 +27,25 @@ def _bench_measure():
     return module.measure
 
 
-def test_health_answers_while_the_largest_requests_run(tmp_path):
-    with run_server(tmp_path, ["--served-model-name", "m", "--max-request-bytes", str(BODY_LIMIT)]) as server:
-        result = _bench_measure()(server.url, BODY_LIMIT)
-        rows = {row["request"]: row for row in result["rows"]}
-        print("\n" + json.dumps(result["rows"], indent=1))
-        tokenized = rows["tokenize, body near the limit"]
-        assert tokenized["status"] == 200 and json.loads(tokenized["body"].split(',"tokens"')[0] + "}")["count"] > 500_000
-        chat = rows["chat, one message near the limit"]  # tokenized, then too long for the model
-        assert chat["status"] == 400 and "max_model_len" in chat["body"]
-        assert [row["status"] for row in result["rows"][2:]] == [200, 200, 200]
-        assert result["failed_polls"] == 0 and all(row["polls"] > 0 for row in result["rows"])
-        worst = max(row["worst_health_ms"] for row in result["rows"])
-        assert worst < 1000, f"/health took {worst} ms while a large request ran: {result['rows']}"
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """One server for the module (its start is most of each test's time)."""
+    with run_server(tmp_path_factory.mktemp("no-stall"), ["--served-model-name", "m", "--max-request-bytes", str(BODY_LIMIT)]) as served:
+        yield served
+
+
+def test_health_answers_while_the_largest_requests_run(server):
+    result = _bench_measure()(server.url, BODY_LIMIT)
+    rows = {row["request"]: row for row in result["rows"]}
+    print("\n" + json.dumps(result["rows"], indent=1))
+    tokenized = rows["tokenize, body near the limit"]
+    assert tokenized["status"] == 200 and json.loads(tokenized["body"].split(',"tokens"')[0] + "}")["count"] > 500_000
+    chat = rows["chat, one message near the limit"]  # tokenized, then too long for the model
+    assert chat["status"] == 400 and "max_model_len" in chat["body"]
+    assert [row["status"] for row in result["rows"][2:]] == [200, 200, 200]
+    assert result["failed_polls"] == 0 and all(row["polls"] > 0 for row in result["rows"])
+    worst = max(row["worst_health_ms"] for row in result["rows"])
+    assert worst < 1000, f"/health took {worst} ms while a large request ran: {result['rows']}"
 
 
 def test_large_texts_tokenize_in_the_child_exactly(tmp_path):
@@ -70,22 +76,21 @@ def test_large_texts_tokenize_in_the_child_exactly(tmp_path):
         process.shutdown()
 
 
-def test_caps_and_body_limit_answer_clearly(tmp_path):
-    with run_server(tmp_path, ["--served-model-name", "m", "--max-request-bytes", str(BODY_LIMIT)]) as server:
-        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=120)
-        with pytest.raises(openai.BadRequestError) as err:
-            client.completions.create(model="m", prompt="Hi", max_tokens=1, extra_body={"bad_words": ["w"] * 1001})
-        assert "bad_words has 1001 entries" in str(err.value) and "at most 1000" in str(err.value)
-        with pytest.raises(openai.BadRequestError) as err:
-            client.completions.create(model="m", prompt="Hi", max_tokens=1, stop=["s"] * 1001)
-        assert "stop has 1001 entries" in str(err.value)
-        with pytest.raises(openai.BadRequestError) as err:
-            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}] * 10_001, max_tokens=1)
-        assert "messages has 10001 entries" in str(err.value) and "at most 10000" in str(err.value)
-        r = httpx.post(f"{server.url}/tokenize", json={"messages": [{"role": "user", "content": "hi"}] * 10_001})
-        assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
-        with pytest.raises(openai.APIStatusError) as err:
-            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x" * (BODY_LIMIT + 1)}], max_tokens=1)
-        assert err.value.status_code == 413
-        # nothing is left running
-        assert client.completions.create(model="m", prompt="Hi", max_tokens=1).choices[0].text is not None
+def test_caps_and_body_limit_answer_clearly(server):
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=120)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="m", prompt="Hi", max_tokens=1, extra_body={"bad_words": ["w"] * 1001})
+    assert "bad_words has 1001 entries" in str(err.value) and "at most 1000" in str(err.value)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="m", prompt="Hi", max_tokens=1, stop=["s"] * 1001)
+    assert "stop has 1001 entries" in str(err.value)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}] * 10_001, max_tokens=1)
+    assert "messages has 10001 entries" in str(err.value) and "at most 10000" in str(err.value)
+    r = httpx.post(f"{server.url}/tokenize", json={"messages": [{"role": "user", "content": "hi"}] * 10_001})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+    with pytest.raises(openai.APIStatusError) as err:
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x" * (BODY_LIMIT + 1)}], max_tokens=1)
+    assert err.value.status_code == 413
+    # nothing is left running
+    assert client.completions.create(model="m", prompt="Hi", max_tokens=1).choices[0].text is not None

@@ -62,17 +62,24 @@ def test_api_key_covers_every_working_route(tmp_path):
         assert "422" not in str(schema) and "ErrorResponse" in schema["components"]["schemas"]
 
 
-def test_request_chat_templates_are_refused_unless_trusted(tmp_path):
-    with run_server(tmp_path, NAME) as server:
-        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
-        with pytest.raises(openai.BadRequestError) as err:
-            client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=1,
-                                           extra_body={"chat_template_kwargs": {"chat_template": NESTED_LOOP}})
-        assert "--trust-request-chat-template" in str(err.value)
-        # other template kwargs still work
-        out = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=1,
-                                             extra_body={"chat_template_kwargs": {"enable_thinking": False}})
-        assert out.choices[0].finish_reason == "length"
+@pytest.fixture(scope="module")
+def plain_server(tmp_path_factory):
+    """One server with the default flags (only the model's name) for the tests that need no other."""
+    with run_server(tmp_path_factory.mktemp("plain"), NAME) as server:
+        yield server
+
+
+def test_request_chat_templates_are_refused_unless_trusted(plain_server):
+    server = plain_server
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=1,
+                                       extra_body={"chat_template_kwargs": {"chat_template": NESTED_LOOP}})
+    assert "--trust-request-chat-template" in str(err.value)
+    # other template kwargs still work
+    out = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=1,
+                                         extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert out.choices[0].finish_reason == "length"
 
 
 def test_trusted_request_templates_render_sandboxed_and_time_bounded(tmp_path):
@@ -146,13 +153,13 @@ def test_500_is_generic_and_keeps_the_connection(tmp_path, fixture_sites):
         assert "fixture secret detail" in log and rid in log  # the detail is in the log, under the id
 
 
-def test_a_non_streaming_disconnect_logs_one_line(tmp_path):
-    with run_server(tmp_path, NAME) as server:
-        with pytest.raises(httpx.ReadTimeout):
-            httpx.post(f"{server.url}/v1/completions", json={"prompt": "Hi", "max_tokens": 400, "ignore_eos": True}, timeout=1.0)
-        deadline = time.monotonic() + 30
-        while "client disconnected" not in server.log() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        log = server.log()
-        assert "client disconnected" in log
-        assert "Traceback" not in log and "Exception in ASGI application" not in log
+def test_a_non_streaming_disconnect_logs_one_line(plain_server):
+    server = plain_server
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.url}/v1/completions", json={"prompt": "Hi", "max_tokens": 400, "ignore_eos": True}, timeout=1.0)
+    deadline = time.monotonic() + 30
+    while "client disconnected" not in server.log() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    log = server.log()
+    assert "client disconnected" in log
+    assert "Traceback" not in log and "Exception in ASGI application" not in log
