@@ -22,6 +22,16 @@ pytest_plugins = ["host.sdk.testing"]
 
 
 @pytest.fixture(scope="session")
+def hello_server(tmp_path_factory: pytest.TempPathFactory, fixture_sites: dict[str, str]):
+    """``host serve --plugins fixture_hello`` with the fixture endpoint plugin installed: one server
+    for the session's tests of a third-party route (the lifecycle and the security tests)."""
+    from helpers import run_server
+
+    with run_server(tmp_path_factory.mktemp("hello"), ["--plugins", "fixture_hello"], sites=[fixture_sites["endpoint"]]) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
 def fixture_sites(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """``pip install`` each fixture package into its own target directory (real installs with
     real dist-info and entry points); tests put the ones they need on ``sys.path``/PYTHONPATH."""

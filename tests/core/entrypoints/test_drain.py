@@ -75,27 +75,57 @@ class _Streams:
         assert not any(t.is_alive() for t in self.threads), "a stream hung during the drain"
 
 
-def test_sigterm_lets_streams_in_flight_finish_and_refuses_new_ones(tmp_path):
-    with run_server(tmp_path, ["--shutdown-timeout", "120"]) as server:
-        engine_pid = _engine_pid(server)
-        streams = _Streams(server, 4, 48)
-        streams.wait_started()
-        server.proc.send_signal(signal.SIGTERM)
+@pytest.fixture(scope="module")
+def patient_server(tmp_path_factory):
+    """``--shutdown-timeout 120``: the cancelled-stream test uses it first, then the SIGTERM test
+    drains and stops it."""
+    with run_server(tmp_path_factory.mktemp("patient"), ["--shutdown-timeout", "120"]) as server:
+        yield server
+
+
+def test_a_stream_cancelled_mid_flight_closes_without_an_internal_error(patient_server):
+    """The root of the "aclose(): asynchronous generator is already running" error: a stream
+    cancelled while its generator was suspended (a disconnect, or the server cancelling it)."""
+    server = patient_server
+    body = {"prompt": ["One:", "Two:"], "max_tokens": 900, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        assert next(line for line in lines if line).startswith("data: {")
+    deadline = time.monotonic() + 10
+    metrics = ""
+    while time.monotonic() < deadline:
+        metrics = httpx.get(f"{server.url}/metrics").text
+        running = [ln for ln in metrics.splitlines() if ln.startswith(("host:num_requests_running", "vllm:num_requests_running"))]
+        if running and all(ln.endswith(" 0.0") for ln in running):
+            break
         time.sleep(0.2)
-        r = httpx.post(f"{server.url}/v1/completions", json={"prompt": "late", "max_tokens": 2})
-        assert r.status_code == 503, r.text
-        assert r.headers["retry-after"].isdigit()
-        assert r.json()["error"]["type"] == "ServiceUnavailableError" and "shutting down" in r.json()["error"]["message"]
-        with pytest.raises(openai.APIStatusError) as info:
-            streams.client.completions.create(model="", prompt="late", max_tokens=2)
-        assert info.value.status_code == 503
-        assert httpx.get(f"{server.url}/health").status_code == 503
-        streams.join(120)
-        for res in streams.results:
-            assert res.get("clean") and res["finish"] == "length", res
-        assert server.proc.wait(30) in (0, -signal.SIGTERM)
-        assert _wait_gone(engine_pid), "the engine process outlived the drained server"
-        assert "aclose()" not in server.log() and "Traceback" not in server.log()
+    else:
+        pytest.fail(f"the cancelled stream's requests kept running:\n{metrics[:2000]}")
+    log = server.log()
+    assert "aclose()" not in log and "already running" not in log
+
+
+def test_sigterm_lets_streams_in_flight_finish_and_refuses_new_ones(patient_server):
+    server = patient_server
+    engine_pid = _engine_pid(server)
+    streams = _Streams(server, 4, 48)
+    streams.wait_started()
+    server.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.2)
+    r = httpx.post(f"{server.url}/v1/completions", json={"prompt": "late", "max_tokens": 2})
+    assert r.status_code == 503, r.text
+    assert r.headers["retry-after"].isdigit()
+    assert r.json()["error"]["type"] == "ServiceUnavailableError" and "shutting down" in r.json()["error"]["message"]
+    with pytest.raises(openai.APIStatusError) as info:
+        streams.client.completions.create(model="", prompt="late", max_tokens=2)
+    assert info.value.status_code == 503
+    assert httpx.get(f"{server.url}/health").status_code == 503
+    streams.join(120)
+    for res in streams.results:
+        assert res.get("clean") and res["finish"] == "length", res
+    assert server.proc.wait(30) in (0, -signal.SIGTERM)
+    assert _wait_gone(engine_pid), "the engine process outlived the drained server"
+    assert "aclose()" not in server.log() and "Traceback" not in server.log()
 
 
 @pytest.mark.parametrize("trigger", ["sigterm", "post"])
@@ -123,25 +153,3 @@ def test_drain_timeout_aborts_streams_with_a_clean_last_chunk(tmp_path, trigger)
         log = server.log()
         assert f"aborted {count} request(s)" in log
         assert "aclose()" not in log and "Traceback" not in log
-
-
-def test_a_stream_cancelled_mid_flight_closes_without_an_internal_error(tmp_path):
-    """The root of the "aclose(): asynchronous generator is already running" error: a stream
-    cancelled while its generator was suspended (a disconnect, or the server cancelling it)."""
-    with run_server(tmp_path) as server:
-        body = {"prompt": ["One:", "Two:"], "max_tokens": 900, "stream": True, "ignore_eos": True}
-        with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as r:
-            lines = r.iter_lines()
-            assert next(line for line in lines if line).startswith("data: {")
-        deadline = time.monotonic() + 10
-        metrics = ""
-        while time.monotonic() < deadline:
-            metrics = httpx.get(f"{server.url}/metrics").text
-            running = [ln for ln in metrics.splitlines() if ln.startswith(("host:num_requests_running", "vllm:num_requests_running"))]
-            if running and all(ln.endswith(" 0.0") for ln in running):
-                break
-            time.sleep(0.2)
-        else:
-            pytest.fail(f"the cancelled stream's requests kept running:\n{metrics[:2000]}")
-        log = server.log()
-        assert "aclose()" not in log and "already running" not in log

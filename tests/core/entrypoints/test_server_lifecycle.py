@@ -196,19 +196,19 @@ def test_api_key_guards_v1_but_not_health(keyed_server):
     assert "plugins (engine process" in log and "API key required" in log
 
 
-def test_third_party_endpoint_needs_the_allowlist(tmp_path, fixture_sites):
+def test_third_party_endpoint_needs_the_allowlist(tmp_path, fixture_sites, hello_server):
     site = [fixture_sites["endpoint"]]
     with run_server(tmp_path, sites=site) as server:
         assert httpx.get(f"{server.url}/fixture/hello").status_code == 404
         log = server.log()
         assert "fixture_hello" in log and "--plugins fixture_hello" in log  # the warning says how
-    with run_server(tmp_path, ["--plugins", "fixture_hello"], sites=site) as server:
-        assert httpx.get(f"{server.url}/fixture/hello").json() == {"hello": "from a plugin"}
-        assert httpx.post(f"{server.url}/fixture/embed").status_code == 404
-        log = server.log()
-        assert "'fixture_embed_only' skipped" in log and "embed" in log
-        # the built-in API still works next to it
-        assert httpx.post(f"{server.url}/v1/completions", json={"prompt": "hi", "max_tokens": 2}).status_code == 200
+    server = hello_server  # the same plugin installed, and allowlisted with --plugins fixture_hello
+    assert httpx.get(f"{server.url}/fixture/hello").json() == {"hello": "from a plugin"}
+    assert httpx.post(f"{server.url}/fixture/embed").status_code == 404
+    log = server.log()
+    assert "'fixture_embed_only' skipped" in log and "embed" in log
+    # the built-in API still works next to it
+    assert httpx.post(f"{server.url}/v1/completions", json={"prompt": "hi", "max_tokens": 2}).status_code == 200
 
 
 def test_sigterm_stops_the_engine_process(keyed_server):

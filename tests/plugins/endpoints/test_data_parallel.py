@@ -1,5 +1,6 @@
-"""``host serve -dp 2``: two engine-core processes behind one API server, through the official
-openai client. One server (a tiny random Llama with the default model's tokenizer) serves 32
+"""``host serve -dp 2 -tp 2``: two engine-core processes behind one API server, each with its own two
+tensor-parallel worker processes (mp executor), through the official openai client. One server (a
+tiny random Llama with the default model's tokenizer) serves 32
 concurrent streams, each checked against transformers' greedy tokens for its prompt alone; both
 engines take a share (the ``engine`` label of ``/metrics``); aborts reach the engine that runs
 the request; killing one engine turns ``/health`` to 503 and fails the requests in flight. The
@@ -33,7 +34,7 @@ def served(tmp_path_factory, tiny_checkpoint):
     model = tiny_checkpoint("llama", vocab_size=49152, max_position_embeddings=8192)  # SmolLM2's vocabulary
     tokenizer = resolve_model_path("default")
     # -O0 and torch_paged: no C++ kernel build; what is tested is the two engines behind one server
-    args = ["--model", str(model), "--tokenizer", tokenizer, "-dp", "2", "--max-model-len", "8192", "--kv-cache-memory", "64MiB",
+    args = ["--model", str(model), "--tokenizer", tokenizer, "-dp", "2", "-tp", "2", "--max-model-len", "8192", "--kv-cache-memory", "64MiB",
             "-O0", "--attention-backend", "torch_paged", "--no-exit-on-engine-death"]
     with run_server(tmp_path_factory.mktemp("dp"), args) as server:
         pids = re.search(r"data parallel: 2 engines up, pids \[(\d+), (\d+)\]", server.log())
@@ -73,8 +74,14 @@ def test_two_engine_processes_labelled_in_the_log(served):
     for i, pid in enumerate(served.engine_pids):
         assert f"(engine {i}): data-parallel engine {i} of 2: pid {pid}" in log
     # a deployment-wide utility call (the plugin listing) is answered by engine 0
-    engine = httpx.get(f"{served.url}/v1/plugins").json()["processes"]["engine"]
+    processes = httpx.get(f"{served.url}/v1/plugins").json()["processes"]
+    engine = processes["engine"]
     assert engine["pid"] == served.engine_pids[0] and {r["process_pid"] for r in engine["plugins"]} == {served.engine_pids[0]}
+    # -tp 2: each engine drives two worker processes of its own
+    for i, pid in enumerate(served.engine_pids):
+        assert len(psutil.Process(pid).children()) >= 2, f"engine {i} has no tensor-parallel workers"
+    workers = {processes[f"worker {r}"]["pid"] for r in (0, 1)}
+    assert workers <= {p.pid for p in psutil.Process(served.engine_pids[0]).children()}
 
 
 def test_32_concurrent_streams_match_greedy_alone_on_both_engines(served):
@@ -141,6 +148,8 @@ def test_each_abort_reaches_the_engine_running_the_request(served):
 
 
 def test_killing_one_engine_fails_requests_and_health_turns_503(served):
+    tree = psutil.Process(served.proc.pid).children(recursive=True)  # engines, their workers
+
     async def run():
         client = _client(served)
         streams = [await _stream(client, served.model, p, LONG) for p in PROMPTS[:2]]
@@ -164,3 +173,5 @@ def test_killing_one_engine_fails_requests_and_health_turns_503(served):
     served.proc.send_signal(signal.SIGTERM)
     assert served.proc.wait(30) is not None
     survivor.wait(10)  # the other engine is stopped with the server, not left behind
+    gone, alive = psutil.wait_procs(tree, timeout=10)
+    assert not alive, [p.pid for p in alive]  # nor any engine's worker

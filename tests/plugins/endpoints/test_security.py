@@ -136,21 +136,21 @@ def _raw_get(sock: socket.socket, path: str) -> tuple[int, bytes]:
     return int(head.split()[1]), body
 
 
-def test_500_is_generic_and_keeps_the_connection(tmp_path, fixture_sites):
-    with run_server(tmp_path, ["--plugins", "fixture_hello"], sites=[fixture_sites["endpoint"]]) as server:
-        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
-            status, body = _raw_get(sock, "/fixture/fail")
-            assert status == 500
-            import json
+def test_500_is_generic_and_keeps_the_connection(hello_server):
+    server = hello_server
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        status, body = _raw_get(sock, "/fixture/fail")
+        assert status == 500
+        import json
 
-            message = json.loads(body)["error"]["message"]
-            assert "request id" in message and "fixture secret detail" not in message and "RuntimeError" not in message
-            rid = message.split("request id ")[1].split(")")[0]
-            # the same connection still serves (keep-alive was not closed by the 500)
-            assert _raw_get(sock, "/health")[0] == 200
-            assert _raw_get(sock, "/fixture/fail")[0] == 500
-        log = server.log()
-        assert "fixture secret detail" in log and rid in log  # the detail is in the log, under the id
+        message = json.loads(body)["error"]["message"]
+        assert "request id" in message and "fixture secret detail" not in message and "RuntimeError" not in message
+        rid = message.split("request id ")[1].split(")")[0]
+        # the same connection still serves (keep-alive was not closed by the 500)
+        assert _raw_get(sock, "/health")[0] == 200
+        assert _raw_get(sock, "/fixture/fail")[0] == 500
+    log = server.log()
+    assert "fixture secret detail" in log and rid in log  # the detail is in the log, under the id
 
 
 def test_a_non_streaming_disconnect_logs_one_line(plain_server):
