@@ -35,6 +35,9 @@ class EngineCoreRequest(msgspec.Struct, tag="add", omit_defaults=True):
     arrival_time: float = 0.0
     priority: int = 0
     cache_salt: str | None = None
+    # the client's "kv_transfer_params" (a PD proxy's hand-off from the prefill instance), read
+    # by the engine's KV connector; None without one
+    kv_transfer_params: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.sampling_params, dict):
@@ -104,6 +107,9 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     error: str | None = None
     # what happened to the request since its previous output (queued, scheduled, preempted)
     events: list[EngineCoreEvent] | None = None
+    # on the last output: what the KV connector hands on (a producer's remote block ids, its
+    # host and port), returned to the client as the response's "kv_transfer_params"
+    kv_transfer_params: dict[str, Any] | None = None
 
     @property
     def finished(self) -> bool:

@@ -22,6 +22,7 @@ class RequestStatus(enum.IntEnum):
 
     WAITING = enum.auto()
     WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR = enum.auto()  # queued, its grammar still compiling
+    WAITING_FOR_REMOTE_KVS = enum.auto()  # holds blocks a KV connector is filling (load_async)
     RUNNING = enum.auto()
     PREEMPTED = enum.auto()
     # finished states: keep them last (is_finished compares against PREEMPTED)
@@ -71,6 +72,7 @@ class Request:
         priority: int = 0,
         cache_salt: str | None = None,
         block_hasher: "BlockHasher | None" = None,
+        kv_transfer_params: dict[str, Any] | None = None,
     ) -> None:
         self.request_id = request_id
         self.sampling_params = sampling_params if sampling_params is not None else SamplingParams()
@@ -78,6 +80,8 @@ class Request:
         self.arrival_time = time.time() if arrival_time is None else arrival_time
         self.priority = priority
         self.cache_salt = cache_salt
+        # the client's KV transfer parameters (read by the KV connector), see EngineCoreRequest
+        self.kv_transfer_params = kv_transfer_params
 
         self.prompt_token_ids: list[int] = list(prompt_token_ids)
         self.num_prompt_tokens = len(self.prompt_token_ids)
@@ -110,6 +114,7 @@ class Request:
         return cls(
             msg.request_id, msg.prompt_token_ids, msg.sampling_params, eos_token_id=msg.eos_token_id,
             arrival_time=msg.arrival_time or None, priority=msg.priority, cache_salt=msg.cache_salt,
+            kv_transfer_params=msg.kv_transfer_params,
         )
 
     @property
