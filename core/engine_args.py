@@ -24,6 +24,7 @@ from host.core.config import (
     CacheConfig,
     CompilationConfig,
     EngineConfig,
+    KVTransferConfig,
     LoadConfig,
     ModelConfig,
     ParallelConfig,
@@ -154,6 +155,12 @@ class EngineArgs:
         help="the registered executor (host.executors) that drives one engine's workers: uniproc, mp, ray",
         default_text="uniproc for one worker, mp for more",
     )
+    kv_transfer_config: dict | None = flag(
+        help='the KV connector as JSON, vLLM\'s keys: {"kv_connector": "shared_storage"|"p2p"|a registered one, '
+        '"kv_role": "kv_producer"|"kv_consumer"|"kv_both", "kv_connector_extra_config": {...}, '
+        '"kv_load_failure_policy": "recompute"|"fail"} (docs/kv_transfer.md)',
+        parse="json", default_text="no KV connector",
+    )
     optimization_level: int = flag(2, help="0 (eager) to 3; see docs/cuda.md", short="-O")
     enforce_eager: bool = flag(False, help="no device graphs and no torch.compile, whatever the -O level")
     custom_ops: bool | None = flag(help="the platform's fused kernels", default_text="on from -O1")
@@ -250,6 +257,7 @@ class EngineArgs:
                 distributed_executor_backend=self.distributed_executor_backend,
             ),
             quant=_quantization_config(self.quantization, self.quantization_config, self.quantized_activations),
+            kv_transfer=KVTransferConfig.from_value(self.kv_transfer_config),
             attention_backend=self.attention_backend,
             device=platform.device_type,
             compilation=CompilationConfig(

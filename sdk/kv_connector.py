@@ -17,8 +17,8 @@ Engine process (scheduler role), for a waiting request:
 2. The host allocates blocks for the local hit plus the ``n`` external tokens (plus, for a
    synchronous load, the tokens computed this step), then calls
    ``update_state_after_alloc(request, block_ids, n)``: ``block_ids`` are all the request's
-   blocks, in order; the external tokens start at token ``num_computed_tokens`` (a block
-   boundary). Decide to load from ``n > 0``, not from ``block_ids``.
+   blocks, in order; the external tokens start at the ``num_computed_tokens`` that step 1 was
+   given (a block boundary: the local hit). Decide to load from ``n > 0``, not from ``block_ids``.
    - ``load_async=False``: the load runs in the workers during this very step, before the
      layers read the cache (``start_load_kv``/``wait_for_layer_load``), and the step computes
      the rest of the prompt.

@@ -56,9 +56,10 @@ class BatchQueue:
         core, scheduler = self.core, self.core.scheduler
         if len(self._steps) < self.depth:
             so = scheduler.schedule(in_flight=self._in_flight, max_num_reqs=self._share())
-            if so.total_num_scheduled_tokens > 0 or so.finished_req_ids or so.preempted_req_ids:
-                # a step that only drops finished / preempted requests still goes through the
-                # pipeline: every stage must see it in order
+            if (so.total_num_scheduled_tokens > 0 or so.finished_req_ids or so.preempted_req_ids
+                    or so.kv_connector_metadata is not None):
+                # a step that only drops finished / preempted requests (or carries a KV
+                # connector's plan) still goes through the pipeline: every stage must see it in order
                 core._attach_grammar_bitmask(so)
                 self._steps.append((so, core.executor.execute_model(so, non_blocking=True)))
                 self._in_flight.update(so.num_scheduled_tokens)
@@ -68,4 +69,4 @@ class BatchQueue:
                 return core._idle_step(so)
         so, handle = self._steps.popleft()
         self._in_flight.difference_update(so.num_scheduled_tokens)
-        return scheduler.update_from_output(so, handle.get_output())
+        return core._update(so, handle.get_output())

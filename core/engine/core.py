@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import os
+import time
 from typing import Any, Iterable
 
 from host.core.config import EngineConfig
@@ -19,13 +20,18 @@ from host.core.engine.protocol import EngineCoreOutputs, EngineCoreRequest, Sche
 from host.core.engine.structured_output import StructuredOutputManager
 from host.core.kv_cache.manager import KVCacheManager
 from host.core.kv_cache.spec import KVCacheConfig, num_blocks_from_memory
+from host.core.kv_transfer.factory import make_kv_connector
 from host.core.plugins.manager import get_plugin_host
 from host.core.scheduler.output import SchedulerOutput
 from host.core.scheduler.request import Request, RequestStatus
 from host.core.scheduler.scheduler import Scheduler
 from host.core.worker.output import ModelRunnerOutput
+from host.sdk.kv_connector import KVConnectorRole, KVOutputAggregator
 
 logger = logging.getLogger("host.engine")
+
+# how often an engine with only KV transfers in flight asks its workers for news
+KV_POLL_INTERVAL_S = 0.005
 
 
 class EngineCore:
@@ -35,6 +41,9 @@ class EngineCore:
         self.config = config
         self._resolve_quantization()
         self._check_pipeline_stages()
+        # the KV connector's scheduler role comes first: it may settle settings (a side-channel
+        # port) in config.kv_transfer that the workers' role then reads
+        self.kv_connector = make_kv_connector(config, KVConnectorRole.SCHEDULER)
         self.executor = self._make_executor()
         self.kv_cache_config = self._initialize_kv_cache()
         self.kv_cache_manager = KVCacheManager(
@@ -43,7 +52,13 @@ class EngineCore:
             max_model_len=config.scheduler.max_model_len,
         )
         pipelined = config.parallel.pipeline_parallel_size > 1
-        self.scheduler = Scheduler(config.scheduler, config.cache, self.kv_cache_manager, send_token_ids=pipelined)
+        self.scheduler = Scheduler(
+            config.scheduler, config.cache, self.kv_cache_manager, send_token_ids=pipelined,
+            kv_connector=self.kv_connector, kv_transfer_config=config.kv_transfer,
+            steps_in_flight=pipelined or bool(config.scheduler.async_scheduling),
+        )
+        # every rank reports its own shard's transfers; a request is done once all have
+        self._kv_outputs = KVOutputAggregator(config.parallel.world_size) if self.kv_connector is not None else None
         self._structured_output_manager: StructuredOutputManager | None = None
         # asynchronous scheduling: the step launched last, whose output is not processed yet
         self.async_scheduling = bool(config.scheduler.async_scheduling)
@@ -167,7 +182,8 @@ class EngineCore:
         self.scheduler.finish_requests(list(request_ids), RequestStatus.FINISHED_ABORTED)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests() or self._in_flight is not None or bool(self.batch_queue)
+        return (self.scheduler.has_unfinished_requests() or self._in_flight is not None or bool(self.batch_queue)
+                or self.scheduler.has_pending_kv_transfers())
 
     def step(self) -> EngineCoreOutputs:
         """Schedule, execute and update once; returns the new tokens of every request.
@@ -191,7 +207,16 @@ class EngineCore:
     def _finish_in_flight(self) -> EngineCoreOutputs:
         scheduler_output, handle = self._in_flight
         self._in_flight = None
-        return self.scheduler.update_from_output(scheduler_output, handle.get_output())
+        return self._update(scheduler_output, handle.get_output())
+
+    def _update(self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput) -> EngineCoreOutputs:
+        """The scheduler's update from one step's output (the KV connector's per-rank reports
+        combined first)."""
+        if self._kv_outputs is not None:
+            reports = runner_output.kv_connector_output
+            reports = reports if isinstance(reports, list) else [reports]
+            runner_output.kv_connector_output = self._kv_outputs.add(reports)
+        return self.scheduler.update_from_output(scheduler_output, runner_output)
 
     def _step_async(self) -> EngineCoreOutputs:
         scheduler_output = self.scheduler.schedule()
@@ -204,7 +229,7 @@ class EngineCore:
         previous, self._in_flight = self._in_flight, (scheduler_output, handle)
         if previous is None:
             return EngineCoreOutputs(outputs=[], scheduler_stats=self.scheduler.make_stats())
-        return self.scheduler.update_from_output(previous[0], previous[1].get_output())
+        return self._update(previous[0], previous[1].get_output())
 
     def _step_sync(self) -> EngineCoreOutputs:
         scheduler_output = self.scheduler.schedule()
@@ -212,16 +237,24 @@ class EngineCore:
             return self._idle_step(scheduler_output)
         self._attach_grammar_bitmask(scheduler_output)
         runner_output = self.executor.execute_model(scheduler_output)
-        return self.scheduler.update_from_output(scheduler_output, runner_output)
+        return self._update(scheduler_output, runner_output)
 
     def _idle_step(self, scheduler_output: SchedulerOutput) -> EngineCoreOutputs:
         """A step that computes nothing: the runner drops finished / preempted requests, and
-        requests the scheduler ended without a step (capped, failed grammars) are reported."""
-        if scheduler_output.finished_req_ids or scheduler_output.preempted_req_ids:
+        requests the scheduler ended without a step (capped, failed grammars) are reported.
+        With a KV connector the workers always see the step: it may start loads, and they
+        report transfers that finished meanwhile (polled every few ms while only transfers
+        are pending)."""
+        empty = ModelRunnerOutput(req_ids=[], req_id_to_index={}, sampled_token_ids=[])
+        if self.kv_connector is not None:
+            if not (scheduler_output.finished_req_ids or scheduler_output.preempted_req_ids
+                    or self.scheduler.has_finished_requests()):
+                time.sleep(KV_POLL_INTERVAL_S)  # nothing but transfers in flight: do not spin
+            empty = self.executor.execute_model(scheduler_output)
+        elif scheduler_output.finished_req_ids or scheduler_output.preempted_req_ids:
             self.executor.execute_model(scheduler_output)
         self._wait_for_grammars()
-        empty = ModelRunnerOutput(req_ids=[], req_id_to_index={}, sampled_token_ids=[])
-        return self.scheduler.update_from_output(scheduler_output, empty)
+        return self._update(scheduler_output, empty)
 
     # -- utilities: named calls the front end makes (UtilityCall over the wire) -----------------
     def utility_plugins(self) -> list[dict[str, Any]]:
@@ -258,3 +291,5 @@ class EngineCore:
         if self._structured_output_manager is not None:
             self._structured_output_manager.shutdown()
         self.executor.shutdown()
+        if self.kv_connector is not None:
+            self.kv_connector.shutdown()

@@ -50,9 +50,16 @@ def sum_stats(results: list[Any]) -> dict[str, Any]:
     one: counts and totals summed, ``kv_cache_usage`` averaged, the hit rate recomputed."""
     rows = [r if isinstance(r, dict) else {f: getattr(r, f) for f in r.__struct_fields__} for r in results]
     out: dict[str, Any] = {f: 0 for f in SchedulerStats.__struct_fields__}
+    out["kv_connector_stats"] = None  # a dict of counters when the engines have a KV connector
     for row in rows:
         for key, value in row.items():
-            out[key] = out.get(key, 0) + value
+            if isinstance(value, dict):  # kv_connector_stats: summed per counter
+                merged = out.get(key) or {}
+                for k, v in value.items():
+                    merged[k] = merged.get(k, 0) + v
+                out[key] = merged
+            elif value is not None:
+                out[key] = (out.get(key) or 0) + value
     if rows:
         out["kv_cache_usage"] = out.get("kv_cache_usage", 0.0) / len(rows)
     queries = out.get("prefix_cache_queries", 0)

@@ -129,6 +129,11 @@ class SchedulerStats(msgspec.Struct, omit_defaults=True):
     # waiting requests held back by something other than capacity (a grammar still compiling);
     # the rest of num_waiting_reqs waits for capacity
     num_waiting_deferred: int = 0
+    # prompt tokens the model computed (neither a local prefix hit nor loaded by a KV connector)
+    num_prompt_tokens_computed: int = 0
+    # the KV connector's counters (external_hit_tokens, load_bytes, save_bytes,
+    # failed_transfers, failed_loads, ...), totals since start-up; None without a connector
+    kv_connector_stats: dict[str, int] | None = None
 
 
 class UtilityResult(msgspec.Struct):

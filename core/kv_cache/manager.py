@@ -87,6 +87,7 @@ class KVCacheManager:
         num_new_tokens: int,
         new_computed_blocks: Sequence[KVCacheBlock] | None = None,
         num_new_computed_tokens: int = 0,
+        delay_cache: bool = False,
     ) -> list[KVCacheBlock] | None:
         """Make room for ``num_new_tokens`` more tokens of ``request`` (after its
         ``num_computed_tokens`` plus ``num_new_computed_tokens`` prefix-hit tokens, whose blocks
@@ -95,7 +96,9 @@ class KVCacheManager:
 
         Layout: ``| computed | new_computed (prefix hit) | new (computed this step) |``.
         Full blocks among the new tokens are added to the prefix cache right away: their KV is
-        written during this step, before any later step could read it.
+        written during this step, before any later step could read it. With ``delay_cache``
+        they are not (a KV connector fills them, and they are cached by :meth:`cache_blocks` once
+        the load is known to be good).
         """
         if num_new_tokens <= 0:
             raise ValueError(f"num_new_tokens={num_new_tokens} must be > 0")
@@ -140,21 +143,38 @@ class KVCacheManager:
         new_blocks = self.block_pool.get_new_blocks(num_new_blocks) if num_new_blocks > 0 else []
         req_blocks.extend(new_blocks)
 
-        if self.enable_caching:
-            num_full = min(total_tokens // self.block_size, len(request.block_hashes))
-            num_cached = self._num_cached_blocks.get(req_id, 0)
-            if num_full > num_cached:
-                self.block_pool.cache_full_blocks(req_blocks, request.block_hashes, num_cached, num_full)
-                self._num_cached_blocks[req_id] = num_full
+        if not delay_cache:
+            self.cache_blocks(request, total_tokens)
         return new_blocks
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """Add the request's full blocks within its first ``num_tokens`` tokens to the prefix
+        cache (those not in it yet)."""
+        if not self.enable_caching:
+            return
+        req_id = request.request_id
+        req_blocks = self.req_to_blocks.get(req_id)
+        if not req_blocks:
+            return
+        num_full = min(num_tokens // self.block_size, len(request.block_hashes), len(req_blocks))
+        num_cached = self._num_cached_blocks.get(req_id, 0)
+        if num_full > num_cached:
+            self.block_pool.cache_full_blocks(req_blocks, request.block_hashes, num_cached, num_full)
+            self._num_cached_blocks[req_id] = num_full
 
     def free(self, request: Request) -> None:
         """Release every block of ``request`` (tail first, so its tail is evicted first)."""
+        blocks = self.detach(request)
+        if blocks:
+            self.block_pool.free_blocks(blocks)
+
+    def detach(self, request: Request) -> list[KVCacheBlock]:
+        """Take every block away from ``request`` without freeing it, in the order to free them
+        (tail first): a KV connector still reading or writing them frees them later."""
         req_id = request.request_id
         blocks = self.req_to_blocks.pop(req_id, None)
         self._num_cached_blocks.pop(req_id, None)
-        if blocks:
-            self.block_pool.free_blocks(reversed(blocks))
+        return list(reversed(blocks)) if blocks else []
 
     # -- queries ------------------------------------------------------------------------------
     def get_blocks(self, request_id: str) -> list[KVCacheBlock]:

@@ -50,6 +50,10 @@ class SchedulerOutput:
     # requests whose step ends at their last known token, so its sample is their next token
     # (the rest run a prefill chunk short of the prompt's end)
     sampling_req_ids: set[str] = field(default_factory=set)
+    # with a KV connector: the step's number (fences deferred frees) and the connector's plan
+    # for the workers (its scheduler role's build_connector_meta)
+    step_seq: int = 0
+    kv_connector_metadata: Any = None
 
     @property
     def is_empty(self) -> bool:

@@ -82,6 +82,8 @@ class Request:
         self.cache_salt = cache_salt
         # the client's KV transfer parameters (read by the KV connector), see EngineCoreRequest
         self.kv_transfer_params = kv_transfer_params
+        # a KV connector's load for this request failed: recompute, never ask it again
+        self.kv_load_failed = False
 
         self.prompt_token_ids: list[int] = list(prompt_token_ids)
         self.num_prompt_tokens = len(self.prompt_token_ids)

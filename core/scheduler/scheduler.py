@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Container, Iterable
+from typing import Any, Container, Iterable
 
 from host.core.config import CacheConfig, SchedulerConfig
 from host.core.engine.protocol import (
@@ -27,6 +27,7 @@ from host.core.engine.protocol import (
 from host.core.kv_cache.block_pool import KVCacheBlock
 from host.core.kv_cache.hashing import make_block_hasher
 from host.core.kv_cache.manager import KVCacheManager
+from host.core.scheduler.kv_transfer import KVTransferState
 from host.core.scheduler.output import CachedRequestData, NewRequestData, SchedulerOutput
 from host.core.scheduler.policy import create_request_queue
 from host.core.scheduler.request import Request, RequestStatus
@@ -52,6 +53,9 @@ class Scheduler:
         cache_config: CacheConfig,
         kv_cache_manager: KVCacheManager,
         send_token_ids: bool = False,
+        kv_connector: Any = None,
+        kv_transfer_config: Any = None,
+        steps_in_flight: bool = False,
     ) -> None:
         if cache_config.block_size != kv_cache_manager.block_size:
             raise ValueError(
@@ -86,7 +90,17 @@ class Scheduler:
         self.num_preemptions = 0
         # each request's queued / scheduled / preempted moments not yet sent (the latency metrics)
         self._events: dict[str, list[EngineCoreEvent]] = {}
-        self._block_hasher = make_block_hasher(self.block_size) if kv_cache_manager.enable_caching else None
+        # a KV connector keys external blocks by the same chained hashes
+        hashing = kv_cache_manager.enable_caching or kv_connector is not None
+        self._block_hasher = make_block_hasher(self.block_size) if hashing else None
+        # the KV connector's scheduler role (None without --kv-transfer-config) and its state;
+        # with steps in flight (asynchronous scheduling, pipeline) frees wait for them
+        self.kv_connector = kv_connector
+        self.kv_transfer = (
+            KVTransferState(kv_connector, kv_transfer_config, kv_cache_manager, steps_in_flight)
+            if kv_connector is not None else None
+        )
+        self.num_prompt_tokens_computed = 0  # prompt tokens run through the model (not cache hits)
         # pipeline parallelism: the first stage never sees sampled tokens, so the plan carries
         # each running request's input tokens (CachedRequestData.new_token_ids)
         self.send_token_ids = send_token_ids
@@ -141,12 +155,13 @@ class Scheduler:
             request = self.requests.get(req_id)
             if request is None:
                 continue
-            if request.status == RequestStatus.RUNNING:
+            was = request.status
+            if was == RequestStatus.RUNNING:
                 running_ids.add(req_id)
             else:
                 waiting.append(request)
             request.status = finished_status
-            self._free_request(request)
+            self._free_request(request, was)
         if running_ids:
             self.running = [r for r in self.running if r.request_id not in running_ids]
         if waiting:
@@ -154,6 +169,11 @@ class Scheduler:
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.running) or bool(self.waiting)
+
+    def has_pending_kv_transfers(self) -> bool:
+        """KV a connector still moves for requests (loads in flight, blocks held for a consumer):
+        the engine keeps stepping, idle or not, until the workers report them."""
+        return self.kv_transfer is not None and self.kv_transfer.has_pending()
 
     def has_finished_requests(self) -> bool:
         """Finished ids not yet sent to the runner (a step is needed to tell it)."""
@@ -213,8 +233,9 @@ class Scheduler:
                 continue
 
             new_blocks = None
+            delay_cache = self.kv_transfer is not None and self.kv_transfer.loading_sync(request.request_id)
             while True:
-                new_blocks = kv.allocate_slots(request, num_new)
+                new_blocks = kv.allocate_slots(request, num_new, delay_cache=delay_cache)
                 if new_blocks is not None:
                     break
                 victim = self.waiting.select_victim(self.running)
@@ -263,15 +284,45 @@ class Scheduler:
                         self._fail_request(request, request.structured_output.error)
                         continue
                     request.status = RequestStatus.WAITING
-                hit_blocks, num_hit = kv.get_computed_blocks(request)
-                num_new = request.num_tokens - num_hit
+                num_ext, load_async = 0, False
+                if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+                    loaded = self.kv_transfer.ready(request)
+                    if loaded is None:  # still loading: the batch goes on without it
+                        skipped.append(self.waiting.pop_request())
+                        continue
+                    request.status = RequestStatus.WAITING
+                    if not loaded and not self._after_failed_remote_load(request):
+                        continue  # failed, per kv_load_failure_policy=fail
+                if kv.get_blocks(request.request_id):
+                    hit_blocks, num_hit = [], request.num_computed_tokens  # loaded by a connector
+                else:
+                    hit_blocks, num_hit = kv.get_computed_blocks(request)
+                    if self.kv_transfer is not None:
+                        num_ext, load_async = self.kv_transfer.match(request, num_hit)
+                        if num_ext is None:  # the connector does not know yet: ask next step
+                            skipped.append(self.waiting.pop_request())
+                            continue
+                if num_ext and load_async:
+                    if kv.allocate_slots(request, num_ext, hit_blocks, num_hit, delay_cache=True) is None:
+                        break
+                    self.waiting.pop_request()
+                    request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+                    self.kv_transfer.start_async_load(request, num_hit, num_ext)
+                    skipped.append(request)
+                    continue
+                # a synchronous load fills its blocks in this very step; the prompt's last token
+                # is always computed (its logits)
+                num_loaded = min(num_ext, request.num_tokens - 1 - num_hit)
+                num_new = request.num_tokens - num_hit - num_loaded
                 if chunked:
                     if threshold > 0:
                         num_new = min(num_new, threshold)
                     num_new = min(num_new, token_budget)
                 elif num_new > token_budget:
                     break
-                new_blocks = kv.allocate_slots(request, num_new, hit_blocks, num_hit)
+                new_blocks = kv.allocate_slots(
+                    request, num_loaded + num_new, hit_blocks, len(hit_blocks) * self.block_size, delay_cache=num_ext > 0
+                )
                 if new_blocks is None:
                     if not self.running:
                         # every block is free and it still does not fit: it never will
@@ -280,6 +331,9 @@ class Scheduler:
                         continue
                     break
                 self.waiting.pop_request()
+                if num_ext:
+                    self.kv_transfer.sync_load(self.kv_transfer.scheduled_seq + 1, request, num_hit, num_ext)
+                    num_hit += num_loaded
                 request.num_computed_tokens = num_hit
                 if request.num_cached_tokens < 0:
                     request.num_cached_tokens = num_hit
@@ -325,11 +379,18 @@ class Scheduler:
             preempted_req_ids={r.request_id for r in preempted},
         )
         self.finished_req_ids = set()
+        if self.kv_transfer is not None:
+            output.step_seq = self.kv_transfer.next_seq()
+            output.preempted_req_ids |= self.kv_transfer.drop_from_runner
+            self.kv_transfer.drop_from_runner = set()
+            output.kv_connector_metadata = self.kv_connector.build_connector_meta(output)
         # the scheduled tokens count as computed from now on (their KV is written this step);
         # a step that reaches a request's last planned token samples its next one
         requests = self.requests
         for req_id, n in num_scheduled.items():
             request = requests[req_id]
+            if request.num_computed_tokens < request.num_prompt_tokens:
+                self.num_prompt_tokens_computed += min(n, request.num_prompt_tokens - request.num_computed_tokens)
             request.num_computed_tokens += n
             if request.num_computed_tokens >= request.num_tokens_planned:
                 request.num_output_placeholders += 1
@@ -357,6 +418,8 @@ class Scheduler:
         sampling = scheduler_output.sampling_req_ids
         requests = self.requests
         running = RequestStatus.RUNNING
+        if self.kv_transfer is not None:
+            self._process_kv_output(scheduler_output, model_runner_output.kv_connector_output)
         stopped: set[str] = set()
         for req_id in scheduler_output.num_scheduled_tokens:
             request = requests.get(req_id)
@@ -391,10 +454,11 @@ class Scheduler:
             row_logprobs = all_logprobs[i] if all_logprobs else None
             events = self._events.pop(req_id, None)
             finish_reason = None
+            kv_transfer_params = None
             if request.is_finished():
                 finish_reason = request.get_finished_reason()
                 stopped.add(req_id)
-                self._free_request(request)
+                kv_transfer_params = self._free_request(request, running)
             cached = request.num_cached_tokens
             outputs.append(
                 EngineCoreOutput(
@@ -407,11 +471,53 @@ class Scheduler:
                     prompt_logprobs or None,
                     error,
                     events,
+                    kv_transfer_params,
                 )
             )
         if stopped:
             self.running = [r for r in self.running if r.request_id not in stopped]
+        if self.kv_transfer is not None:
+            self.kv_transfer.step_processed(scheduler_output.step_seq)
         return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats())
+
+    # -- KV connector -------------------------------------------------------------------------
+    def _process_kv_output(self, scheduler_output: SchedulerOutput, connector_output: Any) -> None:
+        """The workers' transfer report for this step: free what was handed off, mark loads
+        done, and send requests whose synchronous load failed back to recompute from their
+        first bad block (their sample from this step is void), or fail them."""
+        failed = self.kv_transfer.process_output(scheduler_output.step_seq, connector_output, self.requests)
+        if not failed:
+            return
+        for req_id, good_tokens in failed.items():
+            request = self.requests[req_id]
+            if request.status != RequestStatus.RUNNING:
+                continue
+            self.running.remove(request)
+            if self.kv_transfer.fail_on_load_error:
+                self._fail_request(request, self._load_error(request), was=RequestStatus.RUNNING)
+                continue
+            logger.warning("request %s: its KV load failed; recomputing from token %d", req_id, good_tokens)
+            self.kv_transfer.after_failed_load(request, good_tokens)
+            self.kv_transfer.drop_from_runner.add(req_id)
+            request.status = RequestStatus.WAITING
+            self.waiting.prepend_request(request)
+
+    def _after_failed_remote_load(self, request: Request) -> bool:
+        """A WAITING_FOR_REMOTE_KVS request whose load failed: recompute it (True: it is
+        admitted like a new request) or fail it (False), per kv_load_failure_policy."""
+        if self.kv_transfer.fail_on_load_error:
+            self.waiting.pop_request()
+            self._fail_request(request, self._load_error(request))
+            return False
+        logger.warning("request %s: its remote KV load failed; recomputing the prompt", request.request_id)
+        self.kv_transfer.after_failed_load(request, 0)
+        return True
+
+    def _load_error(self, request: Request) -> str:
+        return (
+            f"loading the KV cache of request {request.request_id} through the KV connector "
+            f"{self.kv_connector.name!r} failed (kv_load_failure_policy=fail; 'recompute' computes it instead)"
+        )
 
     # -- stats --------------------------------------------------------------------------------
     def make_stats(self) -> SchedulerStats:
@@ -424,6 +530,8 @@ class Scheduler:
             prefix_cache_hits=pc.hits,
             prefix_cache_hit_rate=pc.hit_rate,
             num_preemptions=self.num_preemptions,
+            num_prompt_tokens_computed=self.num_prompt_tokens_computed,
+            kv_connector_stats=self.kv_transfer.take_stats() if self.kv_transfer is not None else None,
             num_waiting_deferred=sum(
                 1 for r in self.waiting
                 if r.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR and not r.structured_output.ready()
@@ -453,7 +561,10 @@ class Scheduler:
 
     def _preempt_request(self, request: Request) -> None:
         """Recompute preemption: free the blocks, forget progress, requeue at the front."""
-        self.kv_cache_manager.free(request)
+        if self.kv_transfer is not None:
+            self.kv_transfer.free(request)
+        else:
+            self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_output_placeholders = 0  # a token in flight is dropped: it is recomputed
@@ -473,10 +584,11 @@ class Scheduler:
             self.kv_cache_manager.num_blocks - 1,
             self.block_size,
         )
-        if request.status == RequestStatus.RUNNING:
+        was = request.status
+        if was == RequestStatus.RUNNING:
             self.running.remove(request)
         request.status = RequestStatus.FINISHED_LENGTH_CAPPED
-        self._free_request(request)
+        self._free_request(request, was)
         self._pending_outputs.append(
             EngineCoreOutput(
                 req_id=request.request_id,
@@ -492,17 +604,28 @@ class Scheduler:
 
         return StructuredOutputManager.accept_tokens(request, token_ids)
 
-    def _fail_request(self, request: Request, error: str) -> None:
-        """Finish a waiting request that cannot run (e.g. its grammar did not compile); the
-        error goes out with its final output."""
+    def _fail_request(self, request: Request, error: str, was: RequestStatus = RequestStatus.WAITING) -> None:
+        """Finish a request that cannot run (its grammar did not compile, its KV load failed
+        under kv_load_failure_policy=fail); the error goes out with its final output."""
         request.status = RequestStatus.FINISHED_ABORTED
-        self._free_request(request)
+        self._free_request(request, was)
         self._pending_outputs.append(
             EngineCoreOutput(req_id=request.request_id, new_token_ids=[], finish_reason="abort", error=error)
         )
 
-    def _free_request(self, request: Request) -> None:
+    def _free_request(self, request: Request, was: RequestStatus = RequestStatus.RUNNING) -> dict[str, Any] | None:
+        """Forget a finished request and free its blocks (or, with a KV connector, let the
+        connector take them over). ``was`` is its status before it finished: only a running
+        request holds computed KV a producer may hand off. Returns the connector's
+        kv_transfer_params for its last output."""
         self._events.pop(request.request_id, None)
-        self.kv_cache_manager.free(request)
+        params = None
+        if self.kv_transfer is not None:
+            # an aborted request hands nothing off: its KV may be incomplete
+            had_kv = was == RequestStatus.RUNNING and request.status != RequestStatus.FINISHED_ABORTED
+            params = self.kv_transfer.finished(request, had_kv, was_loading=was == RequestStatus.WAITING_FOR_REMOTE_KVS)
+        else:
+            self.kv_cache_manager.free(request)
         del self.requests[request.request_id]
         self.finished_req_ids.add(request.request_id)
+        return params

@@ -60,6 +60,8 @@ class ModelRunner:
         # set to a list to record a StepTiming per step (benchmarks read it)
         self.step_timings: list[StepTiming] | None = None
         self._attn_builder: Any = None
+        self._attn_metadata: Any = None  # the last step's (a KV connector's save_kv_layer reads it)
+        self.kv_connector: Any = None  # WorkerKVConnector with --kv-transfer-config
         self.block_size = config.cache.block_size
         if config.compilation.custom_ops is None:  # a config built without EngineArgs
             config.compilation.resolve(config.scheduler.max_num_seqs, platform.can_capture_graphs())
@@ -171,6 +173,10 @@ class ModelRunner:
         max_blocks = -(-max_model_len // self.block_size)
         self.input_batch = InputBatch(self.config.scheduler.max_num_seqs, max_model_len, max_blocks)
         self.num_blocks = num_blocks
+        if getattr(self.config, "kv_transfer", None) is not None:
+            from host.core.worker.kv_connector import WorkerKVConnector
+
+            self.kv_connector = WorkerKVConnector(self.config, {i: self.kv_caches[i] for i in self.kv_layers})
         logger.info(
             "KV cache: %d blocks of %d tokens, %.1f MiB", num_blocks, self.block_size, self.kv_buffer.numel() * self.kv_buffer.element_size() / 2**20
         )
@@ -342,7 +348,7 @@ class ModelRunner:
         if self._attn_builder is None:
             # one builder for the runner's life, so its scratch buffers carry over between steps
             self._attn_builder = self.attn_backend.get_builder_cls()(self.attn_backend, self.device)
-        attn_metadata = self._attn_builder.build(common)
+        attn_metadata = self._attn_metadata = self._attn_builder.build(common)
         input_ids = self.staging.to_device("ids", inputs.input_ids)
         if fill is not None:
             input_ids[fill[0]] = fill[1]
@@ -355,7 +361,21 @@ class ModelRunner:
     def execute_model(self, so: SchedulerOutput, non_blocking: bool = False) -> "ModelRunnerOutput | PendingStep":
         """Run one step. With ``non_blocking`` the step is launched and a :class:`PendingStep`
         returned at once; its ``get_output()`` waits for the sampled ids (asynchronous
-        scheduling plans the next step in between). Otherwise the finished output."""
+        scheduling plans the next step in between). Otherwise the finished output.
+
+        With a KV connector its worker role runs around the step (:mod:`.kv_connector`), and
+        the output carries its report."""
+        kv = self.kv_connector
+        if kv is None:
+            return self._execute(so, non_blocking)
+        kv.before_forward(so)
+        self._attn_metadata = None
+        out = self._execute(so, non_blocking)
+        kv.after_forward(self._attn_metadata)
+        out.kv_connector_output = kv.report()
+        return out
+
+    def _execute(self, so: SchedulerOutput, non_blocking: bool) -> "ModelRunnerOutput | PendingStep":
         assert self.model is not None and self.attn_backend is not None and self.input_batch is not None
         t_start = time.perf_counter()
         self.staging.next_step()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from host.core.engine.protocol import TokenLogprobs
 
@@ -19,6 +20,9 @@ class ModelRunnerOutput:
     sampled_token_ids: list[list[int]]
     logprobs: list[list[TokenLogprobs] | None] | None = None  # per row, like sampled_token_ids
     prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
+    # the KV connector's report for this step (host.sdk.KVConnectorOutput), or one per rank
+    # (a list) when an executor gathers every worker's; None without a connector
+    kv_connector_output: Any = None
 
     def get_output(self) -> "ModelRunnerOutput":
         """A finished output is its own step handle (see ``Executor.execute_model``)."""

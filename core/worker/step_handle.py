@@ -55,6 +55,7 @@ class PendingStep:
             self._event = getattr(torch, ids.device.type).Event()
             self._event.record()
         self._output: ModelRunnerOutput | None = None
+        self.kv_connector_output: Any = None  # the KV connector's report (set by the runner)
 
     def get_output(self) -> ModelRunnerOutput:
         if self._output is not None:
@@ -77,5 +78,6 @@ class PendingStep:
             sampled_token_ids=sampled_lists,
             logprobs=logprob_lists if any(x is not None for x in logprob_lists) else None,
             prompt_logprobs=self.prompt_logprobs,
+            kv_connector_output=self.kv_connector_output,
         )
         return self._output

@@ -132,6 +132,9 @@ class Worker:
         return self.model_runner.execute_model(scheduler_output, non_blocking=non_blocking)
 
     def shutdown(self) -> None:
+        connector = getattr(self.model_runner, "kv_connector", None)
+        if connector is not None:
+            connector.shutdown()
         self.model_runner = None
         if self.config.parallel.world_size > 1:
             from host.core.distributed.parallel_state import destroy_distributed

@@ -61,6 +61,20 @@ class StepHandle:
         return self.results()[0]
 
 
+class GatheredStepHandle(StepHandle):
+    """A step every rank answers (a KV connector is on: each rank reports the transfers of its
+    own shard): the output rank's output, carrying every rank's connector report as a list."""
+
+    def __init__(self, executor: "BroadcastExecutor", seq: int, method: str, timeout: float | None) -> None:
+        super().__init__(executor, seq, list(range(executor.world_size)), method, timeout)
+
+    def get_output(self) -> Any:
+        results = self.results()
+        output = results[self._executor.output_rank]
+        output.kv_connector_output = [r.kv_connector_output for r in results]
+        return output
+
+
 class BroadcastExecutor(Executor):
     """Workers that read one shared-memory step broadcast and reply on one response queue."""
 
@@ -169,6 +183,10 @@ class BroadcastExecutor(Executor):
 
     def execute_model(self, scheduler_output: Any, non_blocking: bool = False) -> Any:
         # the workers wait for their own step handles: the reply is the step's output
+        if getattr(self.config, "kv_transfer", None) is not None:
+            seq = self._enqueue("execute_model", (scheduler_output,), {"non_blocking": non_blocking}, None)
+            gathered = GatheredStepHandle(self, seq, "execute_model", None)
+            return gathered if non_blocking else gathered.get_output()
         handle = self.collective_rpc(
             "execute_model", (scheduler_output,), {"non_blocking": non_blocking},
             unique_reply_rank=self.output_rank, non_blocking=True,

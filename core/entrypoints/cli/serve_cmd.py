@@ -135,6 +135,9 @@ def serve_cmd(
     model = model if model is not None else model_option
     try:
         os.environ.update(plugin_host_for(**plugin_flags).settings.to_env())  # the engine process inherits them
+        if isinstance(engine_kwargs.get("kv_transfer_config"), dict):
+            # a connector may derive its side-channel ports from the server's
+            engine_kwargs["kv_transfer_config"] = {"http_port": port, **engine_kwargs["kv_transfer_config"]}
         run_server(
             model,
             host=host,
