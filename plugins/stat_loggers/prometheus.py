@@ -35,6 +35,15 @@ N_BUCKETS = (1, 2, 5, 10, 20)
 PREEMPTION_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
 FINISH_REASONS = ("stop", "length", "abort")
 WAITING_REASONS = ("capacity", "deferred")
+KV_CONNECTOR_COUNTERS = {
+    "external_hit_tokens": "Prompt tokens a KV connector supplied (external prefix hits) (host's own).",
+    "load_bytes": "Bytes of KV cache a KV connector loaded into this engine's blocks (host's own).",
+    "save_bytes": "Bytes of KV cache a KV connector saved or sent from this engine's blocks (host's own).",
+    "failed_transfers": "KV transfers that failed (handshakes, reads, writes) (host's own).",
+    "failed_loads": "Requests whose KV load failed and were recomputed or failed (host's own).",
+}
+"""The known ``SchedulerStats.kv_connector_stats`` keys, each a ``<prefix>:kv_connector_<key>_total``
+counter; any other key a connector reports goes to ``<prefix>:kv_connector_other_total{stat=...}``."""
 
 
 _FAMILIES: "weakref.WeakKeyDictionary[CollectorRegistry, dict[str, Any]]" = weakref.WeakKeyDictionary()
@@ -108,6 +117,21 @@ class PrometheusStatLogger(StatLogger):
         self.prefix_hits = counter("prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
         self.preemptions = counter("num_preemptions", "Cumulative number of preemption from the engine.")
         self.prompt_tokens = counter("prompt_tokens", "Number of prefill tokens processed.")
+        self.prompt_computed = counter(
+            "prompt_tokens_computed",
+            "Prompt tokens the model computed: neither a local prefix-cache hit nor loaded by a KV connector (host's own).",
+        )
+        # the KV connector's totals (SchedulerStats.kv_connector_stats), as counters: only for an
+        # engine with --kv-transfer-config
+        self.kv_counters: dict[str, Any] = {}
+        self._kv_other: Any = None
+        if getattr(ctx.config, "kv_transfer", None) is not None:
+            self.kv_counters = {key: counter(f"kv_connector_{key}", doc) for key, doc in KV_CONNECTOR_COUNTERS.items()}
+            self._kv_other = _family(
+                Counter, f"{prefix}:kv_connector_other", "A KV connector's own counters, by name (host's own).",
+                labels + ["stat"], registry=self.registry,
+            )
+        self._totals: dict[str, int] = {}  # the last totals seen (the engine sends totals, counters take increments)
         self.generation_tokens = counter("generation_tokens", "Number of generation tokens processed.")
         success = _family(
             Counter,
@@ -177,6 +201,13 @@ class PrometheusStatLogger(StatLogger):
             w.labels(self.context.model_name, str(self.engine_index), quant).set(weights)
         self._cache_info = True
 
+    def _add_total(self, key: str, total: int, metric: Any) -> None:
+        """Advance a counter to an engine total (the engine sends totals; counters take increments)."""
+        last = self._totals.get(key, 0)
+        if total > last:
+            metric.inc(total - last)
+        self._totals[key] = total
+
     def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
         s = scheduler_stats
         if s is not None:
@@ -187,6 +218,11 @@ class PrometheusStatLogger(StatLogger):
             self.waiting_by_reason["deferred"].set(deferred)
             self.kv_usage.set(s.kv_cache_usage)
             self.prefix_hit_rate.set(s.prefix_cache_hits / s.prefix_cache_queries if s.prefix_cache_queries else 0.0)
+            self._add_total("prompt_tokens_computed", getattr(s, "num_prompt_tokens_computed", 0), self.prompt_computed)
+            if self._kv_other is not None:
+                for key, total in (getattr(s, "kv_connector_stats", None) or {}).items():
+                    metric = self.kv_counters.get(key) or self._kv_other.labels(*self._values, key)
+                    self._add_total(f"kv:{key}", total, metric)
         it = iteration_stats
         if it is None:
             return

@@ -73,6 +73,26 @@ def test_prometheus_exporter_names_labels_and_buckets():
     assert edges("vllm:iteration_tokens_total")[-1] == 16384
 
 
+def test_prometheus_counts_the_kv_connectors_totals_and_computed_prompt_tokens():
+    """The engine sends totals; the counters advance by the difference (only with a connector)."""
+    config = types.SimpleNamespace(model=types.SimpleNamespace(max_model_len=1024), cache=None, kv_transfer=object())
+    registry = CollectorRegistry()
+    exporter = PrometheusStatLogger(StatLoggerContext(config=config, model_name="m", metrics_prefix="host", registry=registry))
+    for totals, computed in (({"external_hit_tokens": 32, "load_bytes": 4096}, 5),
+                             ({"external_hit_tokens": 48, "load_bytes": 4096, "failed_loads": 1, "my_own": 2}, 9)):
+        exporter.record(SchedulerStats(num_prompt_tokens_computed=computed, kv_connector_stats=totals), None)
+    value = {(s.name, s.labels.get("stat")): s.value for f in _families(registry).values() for s in f.samples}
+    assert value[("host:kv_connector_external_hit_tokens_total", None)] == 48
+    assert value[("host:kv_connector_load_bytes_total", None)] == 4096
+    assert value[("host:kv_connector_failed_loads_total", None)] == 1
+    assert value[("host:kv_connector_failed_transfers_total", None)] == 0
+    assert value[("host:kv_connector_other_total", "my_own")] == 2
+    assert value[("host:prompt_tokens_computed_total", None)] == 9
+    plain = CollectorRegistry()
+    PrometheusStatLogger(StatLoggerContext(config=types.SimpleNamespace(model=None, cache=None), metrics_prefix="host", registry=plain))
+    assert not [n for n in _families(plain) if "kv_connector" in n]
+
+
 def test_prometheus_prefix_must_be_a_metric_name():
     with pytest.raises(ValueError, match="metrics prefix 'my-prefix' is not a Prometheus name"):
         PrometheusStatLogger(StatLoggerContext(metrics_prefix="my-prefix"))

@@ -44,7 +44,8 @@ VLLM_FAMILIES = {
     "vllm:request_prefill_time_seconds": "histogram",
     "vllm:request_decode_time_seconds": "histogram",
 }
-HOST_OWN = {"vllm:prefix_cache_hit_rate": "gauge", "vllm:num_requests_in_flight": "gauge", "vllm:model_weights_bytes": "gauge"}
+HOST_OWN = {"vllm:prefix_cache_hit_rate": "gauge", "vllm:num_requests_in_flight": "gauge", "vllm:model_weights_bytes": "gauge",
+            "vllm:prompt_tokens_computed": "counter"}
 
 
 @pytest.fixture(scope="module")
