@@ -230,4 +230,10 @@ class KVTransferState:
         self.stats[key] = self.stats.get(key, 0) + n
 
     def num_held_blocks(self) -> int:
-        return sum(len(b) for b in self.sending.values()) + sum(len(b) for b in self.orphaned.values())
+        """Blocks that are not free and that no running request can give up: handed off to a
+        consumer, orphaned by an abort during a load, waiting behind a step fence, or held by
+        requests waiting for a remote load. They come back by themselves, so a request that does
+        not fit now may fit later."""
+        held = sum(len(b) for b in self.sending.values()) + sum(len(b) for b in self.orphaned.values())
+        return held + sum(len(b) for _, b in self.deferred) + sum(
+            len(self.kv.get_blocks(req_id)) for req_id in self.loading)

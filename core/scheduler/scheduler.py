@@ -240,6 +240,8 @@ class Scheduler:
                     break
                 victim = self.waiting.select_victim(self.running)
                 if victim is request and len(self.running) == 1:
+                    if self._blocks_held_elsewhere():
+                        break  # a KV connector still holds blocks: wait for them this step
                     # alone and still out of blocks: it can never grow further
                     self._cap_for_kv_exhaustion(request)
                     break
@@ -324,7 +326,7 @@ class Scheduler:
                     request, num_loaded + num_new, hit_blocks, len(hit_blocks) * self.block_size, delay_cache=num_ext > 0
                 )
                 if new_blocks is None:
-                    if not self.running:
+                    if not self.running and not self._blocks_held_elsewhere():
                         # every block is free and it still does not fit: it never will
                         self.waiting.pop_request()
                         self._cap_for_kv_exhaustion(request)
@@ -501,6 +503,11 @@ class Scheduler:
             self.kv_transfer.drop_from_runner.add(req_id)
             request.status = RequestStatus.WAITING
             self.waiting.prepend_request(request)
+
+    def _blocks_held_elsewhere(self) -> bool:
+        """Blocks no running request owns that are not free yet: a KV connector holds them for a
+        consumer or a transfer, or their free waits for steps in flight."""
+        return self.kv_transfer is not None and self.kv_transfer.num_held_blocks() > 0
 
     def _after_failed_remote_load(self, request: Request) -> bool:
         """A WAITING_FOR_REMOTE_KVS request whose load failed: recompute it (True: it is

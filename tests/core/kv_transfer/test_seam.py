@@ -276,3 +276,40 @@ def test_a_producer_keeps_blocks_until_the_hand_off_is_reported(tiny, reference,
             break
         engine.step()
     no_leaks(llm)
+
+
+def test_preempted_and_aborted_requests_hand_nothing_off(tiny, reference):
+    """A producer short of blocks: requests are preempted and recomputed; each hands off exactly
+    its own blocks once it finished, with the right tokens; one aborted while queued and one
+    aborted mid-prefill hand off nothing."""
+    ps, want, _ = reference
+    llm = connector_llm(tiny[0], hold_steps=1, engine={"num_gpu_blocks_override": 10, "max_num_batched_tokens": 16})
+    engine, finished = llm.engine, {}
+    original = MemoryConnector.request_finished
+
+    def spy(self, request, block_ids):
+        finished[request.request_id] = list(block_ids)
+        return original(self, request, block_ids)
+
+    MemoryConnector.request_finished = spy
+    try:
+        got = run(llm, ps[2:6])
+        assert [o.outputs[0].token_ids for o in got] == want[2:6]
+        assert engine.scheduler.num_preemptions > 0
+        # every block of prompt + output but the last token (sampled, never written to the cache)
+        assert sorted(len(b) for b in finished.values()) == sorted(-(-(len(p) + 4) // 8) for p in ps[2:6])
+        while engine.has_unfinished_requests():
+            engine.step()
+        finished.clear()
+        from host.core.engine.protocol import EngineCoreRequest
+
+        for rid, p in (("queued", ps[4]), ("mid-prefill", ps[5])):
+            engine.add_request(EngineCoreRequest(rid, p, SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)))
+        engine.step()  # "mid-prefill" now holds blocks for its first chunk
+        engine.abort_requests(["queued", "mid-prefill"])
+        assert finished == {"queued": [], "mid-prefill": []}
+        while engine.has_unfinished_requests():
+            engine.step()
+    finally:
+        MemoryConnector.request_finished = original
+    no_leaks(llm)
