@@ -156,9 +156,9 @@ class EngineArgs:
         default_text="uniproc for one worker, mp for more",
     )
     kv_transfer_config: dict | None = flag(
-        help='the KV connector as JSON, vLLM\'s keys: {"kv_connector": "shared_storage"|"p2p"|a registered one, '
-        '"kv_role": "kv_producer"|"kv_consumer"|"kv_both", "kv_connector_extra_config": {...}, '
-        '"kv_load_failure_policy": "recompute"|"fail"} (docs/kv_transfer.md)',
+        help='the KV connector as JSON with vLLM\'s keys, e.g. {"kv_connector": "p2p", "kv_role": "kv_consumer"}; '
+        "kv_connector: shared_storage, p2p or a registered one; kv_role: kv_producer, kv_consumer or kv_both; "
+        "kv_connector_extra_config: the connector's settings; kv_load_failure_policy: recompute or fail (docs/kv_transfer.md)",
         parse="json", default_text="no KV connector",
     )
     optimization_level: int = flag(2, help="0 (eager) to 3; see docs/cuda.md", short="-O")
