@@ -18,4 +18,6 @@ from host.sdk import hookimpl
 
 @hookimpl
 def host_register_kv_connectors(register: Callable[..., None]) -> None:
-    pass
+    from .p2p import P2PConnector
+
+    register(P2PConnector)
