@@ -83,25 +83,35 @@ def test_sigkill_of_the_api_process_takes_the_engine_down(tmp_path):
         assert not any(_running(pid) for pid in children), "a child process of the API process was orphaned"
 
 
-def test_a_stopped_engine_turns_health_503_within_the_heartbeat_timeout(tmp_path):
-    with run_server(tmp_path, ["--engine-heartbeat-timeout", "2"]) as server:
-        engine_pid = _engine_pid(server)
-        time.sleep(3)  # idle: the heartbeat keeps /health at 200
-        assert httpx.get(f"{server.url}/health").status_code == 200
-        os.kill(engine_pid, signal.SIGSTOP)
-        try:
-            deadline = time.monotonic() + 15
-            while httpx.get(f"{server.url}/health").status_code == 200 and time.monotonic() < deadline:
-                time.sleep(0.2)
-            r = httpx.get(f"{server.url}/health")
-            assert r.status_code == 503 and "no message from the engine process" in r.json()["error"]["message"]
-        finally:
-            os.kill(engine_pid, signal.SIGCONT)
+@pytest.fixture(scope="module")
+def shared_server(tmp_path_factory, fixture_sites):
+    """One server for the tests that leave it running: the heartbeat (the engine is stopped,
+    then resumed), the endpoint plugin that is installed but not allowlisted, and
+    ``--async-scheduling``. No test here depends on another's traffic."""
+    args = ["--engine-heartbeat-timeout", "2", "--async-scheduling"]
+    with run_server(tmp_path_factory.mktemp("shared"), args, sites=[fixture_sites["endpoint"]]) as server:
+        yield server
+
+
+def test_a_stopped_engine_turns_health_503_within_the_heartbeat_timeout(shared_server):
+    server = shared_server
+    engine_pid = _engine_pid(server)
+    time.sleep(3)  # idle: the heartbeat keeps /health at 200
+    assert httpx.get(f"{server.url}/health").status_code == 200
+    os.kill(engine_pid, signal.SIGSTOP)
+    try:
         deadline = time.monotonic() + 15
-        while httpx.get(f"{server.url}/health").status_code != 200 and time.monotonic() < deadline:
+        while httpx.get(f"{server.url}/health").status_code == 200 and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert httpx.get(f"{server.url}/health").status_code == 200  # resumed: healthy again
-        assert server.proc.poll() is None  # a stopped engine is not a dead one
+        r = httpx.get(f"{server.url}/health")
+        assert r.status_code == 503 and "no message from the engine process" in r.json()["error"]["message"]
+    finally:
+        os.kill(engine_pid, signal.SIGCONT)
+    deadline = time.monotonic() + 15
+    while httpx.get(f"{server.url}/health").status_code != 200 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert httpx.get(f"{server.url}/health").status_code == 200  # resumed: healthy again
+    assert server.proc.poll() is None  # a stopped engine is not a dead one
 
 
 def test_a_failed_start_leaves_no_ipc_dir(tmp_path):
@@ -196,12 +206,12 @@ def test_api_key_guards_v1_but_not_health(keyed_server):
     assert "plugins (engine process" in log and "API key required" in log
 
 
-def test_third_party_endpoint_needs_the_allowlist(tmp_path, fixture_sites, hello_server):
-    site = [fixture_sites["endpoint"]]
-    with run_server(tmp_path, sites=site) as server:
-        assert httpx.get(f"{server.url}/fixture/hello").status_code == 404
-        log = server.log()
-        assert "fixture_hello" in log and "--plugins fixture_hello" in log  # the warning says how
+def test_third_party_endpoint_needs_the_allowlist(shared_server, hello_server):
+    # shared_server has the endpoint plugin installed, without --plugins fixture_hello
+    server = shared_server
+    assert httpx.get(f"{server.url}/fixture/hello").status_code == 404
+    log = server.log()
+    assert "fixture_hello" in log and "--plugins fixture_hello" in log  # the warning says how
     server = hello_server  # the same plugin installed, and allowlisted with --plugins fixture_hello
     assert httpx.get(f"{server.url}/fixture/hello").json() == {"hello": "from a plugin"}
     assert httpx.post(f"{server.url}/fixture/embed").status_code == 404
@@ -228,39 +238,40 @@ def test_sigterm_stops_the_engine_process(keyed_server):
         pytest.fail("the engine process outlived the server")
 
 
-def test_async_scheduling_server_keeps_streams_apart(tmp_path):
+def test_async_scheduling_server_keeps_streams_apart(shared_server):
     """``--async-scheduling`` (the GPU default, off on CPU): concurrent streams that end at
     different steps, each forcing its own token, get exactly their own tokens, and the engine
     ends with nothing running and no KV in use."""
     import asyncio
     import re
 
-    with run_server(tmp_path, ["--async-scheduling"]) as server:
-        assert "Asynchronous scheduling" in server.log()
+    # shared_server runs with --async-scheduling
+    server = shared_server
+    assert "Asynchronous scheduling" in server.log()
 
-        async def one(ac: openai.AsyncOpenAI, i: int) -> tuple[int, int, str, str | None]:
-            target, n = 2000 + i, 2 + i
-            stream = await ac.completions.create(
-                model="", prompt=f"Item {i}:", max_tokens=n, temperature=0.7, stream=True,
-                logit_bias={str(target): 100}, extra_body={"ignore_eos": True},
-            )
-            text, finish = "", None
-            async for chunk in stream:
-                for c in chunk.choices:
-                    text += c.text
-                    finish = c.finish_reason or finish
-            return target, n, text, finish
+    async def one(ac: openai.AsyncOpenAI, i: int) -> tuple[int, int, str, str | None]:
+        target, n = 2000 + i, 2 + i
+        stream = await ac.completions.create(
+            model="", prompt=f"Item {i}:", max_tokens=n, temperature=0.7, stream=True,
+            logit_bias={str(target): 100}, extra_body={"ignore_eos": True},
+        )
+        text, finish = "", None
+        async for chunk in stream:
+            for c in chunk.choices:
+                text += c.text
+                finish = c.finish_reason or finish
+        return target, n, text, finish
 
-        async def main() -> list:
-            ac = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="x", timeout=120, max_retries=0)
-            try:
-                return await asyncio.wait_for(asyncio.gather(*(one(ac, i) for i in range(24))), 300)
-            finally:
-                await ac.close()
+    async def main() -> list:
+        ac = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="x", timeout=120, max_retries=0)
+        try:
+            return await asyncio.wait_for(asyncio.gather(*(one(ac, i) for i in range(24))), 300)
+        finally:
+            await ac.close()
 
-        for target, n, text, finish in asyncio.run(main()):
-            assert finish == "length"
-            assert text == httpx.post(f"{server.url}/detokenize", json={"tokens": [target] * n}).json()["prompt"]
-        metrics = httpx.get(f"{server.url}/metrics").text
-        for name in ("host:num_requests_running", "host:kv_cache_usage_perc"):
-            assert float(re.search(rf"^{name}\{{[^}}]*\}} (\S+)$", metrics, re.M).group(1)) == 0
+    for target, n, text, finish in asyncio.run(main()):
+        assert finish == "length"
+        assert text == httpx.post(f"{server.url}/detokenize", json={"tokens": [target] * n}).json()["prompt"]
+    metrics = httpx.get(f"{server.url}/metrics").text
+    for name in ("host:num_requests_running", "host:kv_cache_usage_perc"):
+        assert float(re.search(rf"^{name}\{{[^}}]*\}} (\S+)$", metrics, re.M).group(1)) == 0
