@@ -11,9 +11,10 @@ _CTX: zmq.Context | None = None
 
 
 def context() -> zmq.Context:
+    """This process's context for side-channel clients (its own: never the engine's)."""
     global _CTX
     if _CTX is None:
-        _CTX = zmq.Context.instance()
+        _CTX = zmq.Context()
     return _CTX
 
 

@@ -15,7 +15,7 @@ request, and say DONE. A lease ends on DONE or expiry, and the producer frees th
 (the base port; default ``http_port + 1000`` when the server's HTTP port is known, else a free
 one chosen at start; worker rank ``r`` of data-parallel engine ``d`` listens on
 ``base + d * world_size + r``), ``kv_lease_duration`` (30 s), ``heartbeat_interval_s`` (a third
-of the producer's lease), ``handshake_timeout_s`` (5 s), ``read_timeout_s`` (30 s),
+of the producer's lease), ``handshake_timeout_s`` (5 s), ``read_timeout_s`` (10 s),
 ``unknown_request_grace_s`` (how long a READ of a request the producer has not leased yet is
 retried, 2 s), ``remote_engine_ttl_s`` (600 s; 0 keeps remote engines forever),
 ``enforce_compat_hash`` (true).
@@ -149,6 +149,7 @@ class P2PConnector(KVConnector):
         self._done_only: list[RecvSpec] = []
         self._sends: dict[str, list[int]] = {}
         self._notified: set[str] = set()
+        self._loaded: set[str] = set()  # asked their producer once already
         self._hits = 0
 
     @staticmethod
@@ -167,8 +168,8 @@ class P2PConnector(KVConnector):
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
         p = self._remote(request) if self.kv.is_kv_consumer else None
-        if p is None:
-            return 0, False
+        if p is None or request.request_id in self._loaded:
+            return 0, False  # (a loaded request that was preempted recomputes: the producer let go)
         try:
             remote_tokens = int(p["remote_num_tokens"])
             if int(p.get("tp_size", 1)) != self.config.parallel.tensor_parallel_size:
@@ -209,19 +210,18 @@ class P2PConnector(KVConnector):
                                     "", 0, "")
             spec.remote_block_ids = []
         self._notified.add(request.request_id)
+        self._loaded.add(request.request_id)
         self._recvs.append(spec)
         self._hits += num_external_tokens
 
     def build_connector_meta(self, scheduler_output: Any) -> P2PMetadata:
         meta = P2PMetadata(self._recvs, self._done_only, self._sends)
         self._recvs, self._done_only, self._sends = [], [], {}
-        for req_id in getattr(scheduler_output, "finished_req_ids", ()) or ():
-            self._notified.discard(req_id)
-            self._first_block.pop(req_id, None)
         return meta
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         self._notified.discard(request.request_id)
+        self._loaded.discard(request.request_id)
         self._first_block.pop(request.request_id, None)
         p = request.kv_transfer_params
         if not (self.kv.is_kv_producer and isinstance(p, dict) and p.get("do_remote_decode")):
@@ -264,7 +264,7 @@ class P2PConnector(KVConnector):
         self._stop = threading.Event()
         self._beater: threading.Thread | None = None
         self.handshake_timeout_s = float(self.extra.get("handshake_timeout_s", 5.0))
-        self.read_timeout_s = float(self.extra.get("read_timeout_s", 30.0))
+        self.read_timeout_s = float(self.extra.get("read_timeout_s", 10.0))
         self.unknown_grace_s = float(self.extra.get("unknown_request_grace_s", 2.0))
 
     def _count(self, key: str, n: int) -> None:
