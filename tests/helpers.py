@@ -42,6 +42,34 @@ def run_host(args: list[str], sites: list[str], timeout: float = 120, **extra: s
     return subprocess.run([HOST_BIN, *args], capture_output=True, text=True, env=subprocess_env(sites, **extra), timeout=timeout)
 
 
+def run_hosts(*calls: tuple) -> list[subprocess.CompletedProcess]:
+    """Several :func:`run_host` calls at once, each ``(args, sites)`` or ``(args, sites, env)``;
+    the results in the order given. Each child spends its seconds importing (one core each), so
+    independent commands run side by side rather than one after another."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(calls)) as pool:
+        futures = [pool.submit(run_host, call[0], call[1], **(call[2] if len(call) > 2 else {})) for call in calls]
+        return [f.result() for f in futures]
+
+
+@contextlib.contextmanager
+def host_runs(calls: dict[str, list[str]], timeout: float = 300, inputs: dict[str, str] | None = None) -> Iterator[dict]:
+    """Start every ``host <args>`` of ``calls`` at once (no extra plugins, like
+    :func:`run_host`; ``inputs`` gives a call its stdin) and yield ``{name: Future}`` whose
+    ``result()`` is that call's ``CompletedProcess``: a module's tests each wait for their own
+    command while the others run on the other core. Leaving the block waits for all of them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    inputs = inputs or {}
+    with ThreadPoolExecutor(len(calls)) as pool:
+        yield {
+            name: pool.submit(subprocess.run, [HOST_BIN, *args], input=inputs.get(name), capture_output=True, text=True,
+                              env=subprocess_env([]), timeout=timeout)
+            for name, args in calls.items()
+        }
+
+
 def hf_model(path):
     """The Hugging Face reference model of a checkpoint directory (e.g. one ``tiny_checkpoint``
     made), in the dtype it was saved in, in eval mode; each call loads a fresh copy."""

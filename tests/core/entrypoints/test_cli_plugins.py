@@ -1,24 +1,27 @@
-"""The admin CLI, run as the installed ``host`` command in child processes."""
+"""The admin CLI, run as the installed ``host`` command in child processes (a test's independent
+commands run side by side: helpers.run_hosts)."""
 
 from __future__ import annotations
 
 import json
 
-from helpers import run_host
+from helpers import run_host, run_hosts
 
 
 def plugins_json(sites, *args, **env):
-    proc = run_host(["plugins", "list", "--json", *args], sites, **env)
+    return as_json(run_host(["plugins", "list", "--json", *args], sites, **env))
+
+
+def as_json(proc):
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
 
 def test_help_lists_every_command():
-    proc = run_host(["--help"], [])
+    proc, sub = run_hosts((["--help"], []), (["plugins", "--help"], []))
     assert proc.returncode == 0
     for command in ("plugins", "platform", "version"):
         assert command in proc.stdout
-    sub = run_host(["plugins", "--help"], [])
     assert "list" in sub.stdout and "check" in sub.stdout
 
 
@@ -39,8 +42,11 @@ def test_list_json_shows_builtins_with_groups_and_processes():
 
 def test_list_shows_third_party_status_and_reasons(fixture_sites):
     sites = [fixture_sites[n] for n in ("recorder", "endpoint", "broken", "wronggroup")]
-    data = plugins_json(sites)
-    rows = {r["name"]: r for r in data["plugins"]}
+    listed, blocked, table = run_hosts(
+        (["plugins", "list", "--json"], sites), (["plugins", "list", "--json", "--block-plugins", "recorder_io"], sites),
+        (["plugins", "list"], sites),
+    )
+    rows = {r["name"]: r for r in as_json(listed)["plugins"]}
     assert rows["recorder_attention"]["status"] == "loaded"
     assert rows["recorder_attention"]["source"] == "third-party"
     assert rows["recorder_attention"]["distribution"] == "host-fixture-recorder"
@@ -51,23 +57,23 @@ def test_list_shows_third_party_status_and_reasons(fixture_sites):
     assert rows["fixture_broken"]["status"] == "failed"
     assert "broken on purpose" in rows["fixture_broken"]["reason"]
     assert rows["fixture_wronggroup"]["status"] == "failed"
-    blocked = plugins_json(sites, "--block-plugins", "recorder_io")
-    assert {r["name"]: r for r in blocked["plugins"]}["recorder_io"]["status"] == "blocked"
+    assert {r["name"]: r for r in as_json(blocked)["plugins"]}["recorder_io"]["status"] == "blocked"
     # the table form shows the same facts to a person
-    table = run_host(["plugins", "list"], sites)
     assert "fixture_broken" in table.stdout and "failed" in table.stdout
 
 
 def test_list_filters_by_group_and_process(fixture_sites):
     sites = [fixture_sites["recorder"]]
-    only = plugins_json(sites, "--group", "host.attention_backends")
-    assert {r["group"] for r in only["plugins"]} == {"host.attention_backends"}
-    api = plugins_json(sites, "--process", "api")
-    groups = {r["group"] for r in api["plugins"]}
+    only, api, worker, bad = run_hosts(
+        (["plugins", "list", "--json", "--group", "host.attention_backends"], sites),
+        (["plugins", "list", "--json", "--process", "api"], sites),
+        (["plugins", "list", "--json", "--process", "worker"], sites),
+        (["plugins", "list", "--process", "gpu"], sites),
+    )
+    assert {r["group"] for r in as_json(only)["plugins"]} == {"host.attention_backends"}
+    groups = {r["group"] for r in as_json(api)["plugins"]}
     assert "host.executors" not in groups and "host.io_processors" in groups
-    worker = plugins_json(sites, "--process", "worker")
-    assert "host.executors" not in {r["group"] for r in worker["plugins"]}
-    bad = run_host(["plugins", "list", "--process", "gpu"], sites)
+    assert "host.executors" not in {r["group"] for r in as_json(worker)["plugins"]}
     assert bad.returncode != 0 and "unknown process" in bad.stderr
 
 
@@ -79,23 +85,23 @@ def test_list_all_includes_groups():
 
 def test_check_exit_codes(fixture_sites):
     sites = [fixture_sites["recorder"], fixture_sites["broken"]]
-    ok = run_host(["plugins", "check"], sites)
+    ok, allowlisted, unknown, strict = run_hosts(
+        (["plugins", "check"], sites), (["plugins", "check", "--plugins", "fixture_broken,recorder_io"], sites),
+        (["plugins", "check"], sites, {"HOST_PLUGINS": "recorder_io,typo_plugin"}), (["plugins", "check", "--strict-plugins"], sites),
+    )
     assert ok.returncode == 0, ok.stderr
     assert "warning: fixture_broken" in ok.stderr  # reported, but not allowlisted
-    allowlisted = run_host(["plugins", "check", "--plugins", "fixture_broken,recorder_io"], sites)
     assert allowlisted.returncode == 1
     assert "fixture_broken" in allowlisted.stderr and "broken on purpose" in allowlisted.stderr
-    unknown = run_host(["plugins", "check"], sites, HOST_PLUGINS="recorder_io,typo_plugin")
     assert unknown.returncode == 1 and "'typo_plugin'" in unknown.stderr
-    strict = run_host(["plugins", "check", "--strict-plugins"], sites)
     assert strict.returncode == 1
 
 
 def test_trace_env_logs_hook_calls(fixture_sites):
-    proc = run_host(["plugins", "list", "--json"], [fixture_sites["recorder"]], HOST_TRACE_PLUGINS="1")
+    sites = [fixture_sites["recorder"]]
+    proc, quiet = run_hosts((["plugins", "list", "--json"], sites, {"HOST_TRACE_PLUGINS": "1"}), (["plugins", "list", "--json"], sites))
     assert proc.returncode == 0
     assert "[host trace" in proc.stderr
     assert "host_register_platforms" in proc.stderr
     assert "host.platforms:recorder_platform" in proc.stderr
-    quiet = run_host(["plugins", "list", "--json"], [fixture_sites["recorder"]])
     assert "[host trace" not in quiet.stderr
