@@ -136,13 +136,16 @@ class AsyncLLM:
         priority: int = 0,
         deadline: float | None = None,
         check_queue: bool = True,
+        kv_transfer_params: dict[str, Any] | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Stream snapshots of one prompt's result until it finishes. Cancelling the consumer
         (a client that disconnected) aborts the request in the engine and frees its blocks.
 
         ``deadline`` (``time.monotonic()`` seconds): when it passes, the request is aborted in
         the engine and its last snapshot ends it with ``finish_reason="abort"``.
-        ``check_queue=False`` skips :meth:`admit` (a beam search's steps, admitted once)."""
+        ``check_queue=False`` skips :meth:`admit` (a beam search's steps, admitted once).
+        ``kv_transfer_params`` go to the engine's KV connector; its answer comes back on the
+        result's ``kv_transfer_params``."""
         if self.dead_reason is not None:
             raise EngineDeadError(self.dead_reason)
         if check_queue:
@@ -153,6 +156,7 @@ class AsyncLLM:
         )
         # bad_words are tokenized here: CPU work that would stall the event loop, so a thread does it
         request = await asyncio.to_thread(process) if params.bad_words else process()
+        request.kv_transfer_params = kv_transfer_params
         rid = request.request_id
         result, engine_requests = self.processor.add_request(request, prompt)
         timing = self.processor.timing(rid)

@@ -67,6 +67,8 @@ class RequestOutput:
     finished: bool = False
     num_cached_tokens: int = 0
     prompt_logprobs: list[PositionLogprobs | None] | None = None
+    # the engine's KV connector's answer (a producer's hand-off for a decode instance), or None
+    kv_transfer_params: dict[str, Any] | None = None
 
 
 class _Sequence:
@@ -163,6 +165,7 @@ class OutputProcessor:
                 EngineCoreRequest(
                     f"{request.request_id}-{i}", request.prompt_token_ids, params.clone_for_sample(i),
                     request.eos_token_id, request.arrival_time, request.priority, request.cache_salt,
+                    request.kv_transfer_params,
                 )
                 for i in range(params.n)
             ]
@@ -289,6 +292,8 @@ class OutputProcessor:
                 stop_str = seq.detok.update(out.new_token_ids, out.finish_reason == "stop")
                 if stop_str is not None:
                     comp.finish_reason, comp.stop_reason = "stop", stop_str
+        if out.kv_transfer_params is not None:
+            parent.result.kv_transfer_params = out.kv_transfer_params
         res_cached = max(parent.result.num_cached_tokens, out.num_cached_tokens)
         parent.result.num_cached_tokens = res_cached
         if comp.finish_reason is None and out.finish_reason is not None:

@@ -198,9 +198,11 @@ def _completion_response(results: list[Any], params: Any, request_id: str, creat
             choice["prompt_token_ids"] = result.prompt_token_ids
             choice["token_ids"] = list(ids)
         choices.append(choice)
+    transfer = next((r.kv_transfer_params for r in results if r.kv_transfer_params is not None), None)
     return FastJSONResponse({
         "id": request_id, "object": "text_completion", "created": created, "model": model,
         "choices": choices, "usage": shape.usage(results),
+        **({"kv_transfer_params": transfer} if transfer is not None else {}),
     })
 
 

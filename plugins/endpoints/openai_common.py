@@ -283,7 +283,8 @@ def generations(engine: Any, body: Any, params: Any, prompts: list[tuple[str | N
     400 naming them."""
     if not body.use_beam_search:
         return [
-            engine.generate(ids, params, f"{request_id}-{i}", prompt=text, priority=body.priority, deadline=deadline)
+            engine.generate(ids, params, f"{request_id}-{i}", prompt=text, priority=body.priority, deadline=deadline,
+                            kv_transfer_params=body.kv_transfer_params)
             for i, (text, ids) in enumerate(prompts)
         ]
     try:

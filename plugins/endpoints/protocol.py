@@ -100,6 +100,9 @@ class _SamplingFields(_Body):
 
     model: Optional[str] = None
     n: int = 1
+    # vLLM's KV transfer hand-off (a PD proxy passes the prefill instance's answer to the decode
+    # instance); read by the engine's KV connector, ignored without one
+    kv_transfer_params: Optional[dict[str, Any]] = None
     temperature: Optional[float] = None
     top_p: Optional[float] = None
     top_k: Optional[int] = None
