@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import time
+
 import zmq
 
 from .protocol import ENCODER
@@ -36,3 +38,36 @@ def call(host: str, port: int, msg: object, timeout_s: float) -> list[zmq.Frame]
             ) from None
     finally:
         sock.close()
+
+
+def send_all(targets: dict[tuple[str, int], object], timeout_s: float) -> set[tuple[str, int]]:
+    """Send one message to each ``(host, port)`` at once and wait, together, at most
+    ``timeout_s`` for the replies (a dead peer never delays the others' messages). Returns the
+    targets that answered."""
+    socks: dict[zmq.Socket, tuple[str, int]] = {}
+    poller = zmq.Poller()
+    try:
+        for (host, port), msg in targets.items():
+            sock = context().socket(zmq.REQ)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(f"tcp://{host}:{port}")
+            try:
+                sock.send(ENCODER.encode(msg), zmq.NOBLOCK)
+            except zmq.Again:
+                pass  # not connected yet: ZMQ queues it; a peer that never comes just times out
+            socks[sock] = (host, port)
+            poller.register(sock, zmq.POLLIN)
+        answered: set[tuple[str, int]] = set()
+        deadline = time.monotonic() + timeout_s
+        while len(answered) < len(socks):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            for sock, _ in poller.poll(int(left * 1000) + 1):
+                sock.recv_multipart()
+                answered.add(socks[sock])
+                poller.unregister(sock)
+        return answered
+    finally:
+        for sock in socks:
+            sock.close()

@@ -46,7 +46,7 @@ from host.sdk.kv_connector import (
     KVConnectorTransferResults,
 )
 
-from .client import call
+from .client import call, send_all
 from .handshake import Handshaker, compat_hash, compat_inputs
 from .leases import LeaseTable
 from .protocol import READ_REPLY_DECODER, Done, HandshakePayload, Heartbeat, Read, block_runs
@@ -399,11 +399,16 @@ class P2PConnector(KVConnector):
                 groups: dict[tuple[str, int], list[str]] = {}
                 for spec in self._pending.values():
                     groups.setdefault((spec.host, spec.port + self.rank), []).append(spec.remote_req_id)
-            for (host, port), ids in groups.items():
-                try:
-                    call(host, port, Heartbeat(ids), min(self.handshake_timeout_s, 1.0))
-                except Exception as e:
-                    logger.debug("p2p heartbeat to %s:%d failed: %s", host, port, e)
+            if not groups:
+                continue
+            try:  # all producers at once: a dead one must not starve the others' leases
+                answered = send_all({k: Heartbeat(ids) for k, ids in groups.items()},
+                                    min(self.handshake_timeout_s, self._heartbeat_interval(), 1.0))
+            except Exception as e:
+                logger.debug("p2p heartbeats failed: %s", e)
+                continue
+            for host, port in set(groups) - answered:
+                logger.debug("p2p heartbeat to %s:%d: no answer", host, port)
 
     def get_transfer_results(self) -> KVConnectorTransferResults:
         out = KVConnectorTransferResults()

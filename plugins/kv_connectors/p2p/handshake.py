@@ -103,7 +103,7 @@ class Handshaker:
     def _finished(self, key: tuple[str, int], fut: Future) -> None:
         with self._lock:
             self._futures.pop(key, None)
-            if fut.exception() is None:
+            if not fut.cancelled() and fut.exception() is None:
                 self._done[key] = fut.result()
 
     def _handshake(self, host: str, port: int) -> HandshakePayload:

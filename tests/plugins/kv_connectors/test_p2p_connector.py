@@ -283,3 +283,31 @@ def test_ttl_eviction_skips_engines_with_reads_in_flight():
     assert remotes.add("d", "D", busy={"b"}) == ["c"]
     assert sorted(remotes.info) == ["b", "d"] and evicted == ["a", "c"]
     assert RemoteEngines(0).add("x", "X", busy=set()) == []  # ttl 0: never evicts
+
+
+def test_the_consumers_heartbeats_keep_a_delayed_pull_alive(pair, caplog):
+    # the one handshake thread is stuck on a dead producer for 1.5 s; meanwhile the live
+    # producer's 0.6 s lease survives on the consumer's heartbeats, and the pull then succeeds
+    producer, consumer = pair(prod_extra={"kv_lease_duration": 0.6},
+                              cons_extra={"handshake_timeout_s": 1.5, "heartbeat_interval_s": 0.1})
+    params = hand_off(producer)
+    dead = dict(params, remote_port=free_port(), remote_engine_id="gone", remote_request_id="x")
+    admit(consumer, dead, req_id="d0", block_ids=(5, 6, 7))
+    admit(consumer, params, req_id="d1")
+    start = time.monotonic()
+    reported: dict[str, set] = {"ok": set(), "failed": set()}
+
+    def poll():
+        producer.step()
+        results, _ = consumer.step()
+        reported["ok"] |= results.finished_recving - results.failed_recving
+        reported["failed"] |= results.failed_recving
+        return reported["ok"] | reported["failed"] == {"d0", "d1"}
+
+    with caplog.at_level(logging.WARNING, logger="host.kv_connectors.p2p"):
+        until(poll, timeout=6.0)
+    assert time.monotonic() - start >= 1.4
+    assert reported == {"ok": {"d1"}, "failed": {"d0"}}
+    assert torch.equal(consumer.kv["layers.0"][:, [0, 1, 2]], producer.kv["layers.0"][:, [3, 4, 9]])
+    assert "Releasing expired" not in caplog.text
+    assert producer.worker.leases.released_reason("p1") == "read by its consumer"
