@@ -12,6 +12,13 @@ import pytest
 
 from helpers import hf_model
 
+
+@pytest.fixture(scope="module")
+def server(hello_server):
+    """The session's server with the default flags (tests/conftest.py; the fixture endpoint plugin
+    sits beside the built-in API): this module starts none of its own."""
+    return hello_server
+
 DOCS = [
     {"question": "The capital of France is", "choices": [" Paris", " Berlin", " a banana"], "answer": 0},
     {"question": "Two plus two equals", "choices": [" four", " seven"], "answer": 0},
