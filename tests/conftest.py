@@ -24,7 +24,9 @@ pytest_plugins = ["host.sdk.testing"]
 @pytest.fixture(scope="session")
 def hello_server(tmp_path_factory: pytest.TempPathFactory, fixture_sites: dict[str, str]):
     """``host serve --plugins fixture_hello`` with the fixture endpoint plugin installed: one server
-    for the session's tests of a third-party route (the lifecycle and the security tests)."""
+    for the session's tests of a third-party route (the lifecycle and the security tests) and
+    the session's default-flag server (openai_server, lm_eval). Tests that share it must not stop
+    it, and read its log and counters as deltas from their own start."""
     from helpers import run_server
 
     with run_server(tmp_path_factory.mktemp("hello"), ["--plugins", "fixture_hello"], sites=[fixture_sites["endpoint"]]) as server:
