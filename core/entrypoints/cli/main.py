@@ -9,6 +9,7 @@ from host.core.entrypoints.cli.bench_cmd import bench_app
 from host.core.entrypoints.cli.doctor_cmd import doctor_cmd
 from host.core.entrypoints.cli.flag_groups import GroupedHelpCommand
 from host.core.entrypoints.cli.generate_cmd import chat_cmd, generate_cmd
+from host.core.entrypoints.cli.pd_proxy_cmd import pd_proxy_cmd
 from host.core.entrypoints.cli.plugins_cmd import platform_cmd, plugins_app
 from host.core.entrypoints.cli.serve_cmd import serve_cmd
 from host.core.logging_config import configure_logging
@@ -26,6 +27,7 @@ app.command("doctor", cls=GroupedHelpCommand)(doctor_cmd)
 app.command("generate", cls=GroupedHelpCommand)(generate_cmd)
 app.command("chat", cls=GroupedHelpCommand)(chat_cmd)
 app.command("serve", cls=GroupedHelpCommand)(serve_cmd)
+app.command("pd-proxy")(pd_proxy_cmd)
 
 
 @app.command("version")
