@@ -19,5 +19,7 @@ from host.sdk import hookimpl
 @hookimpl
 def host_register_kv_connectors(register: Callable[..., None]) -> None:
     from .p2p import P2PConnector
+    from .shared_storage import SharedStorageConnector
 
     register(P2PConnector)
+    register(SharedStorageConnector)
