@@ -155,3 +155,68 @@ def test_the_size_cap_evicts_the_least_recently_used_files(tiny, want, tmp_path)
     assert files(conn.dir) == names[-3:]
     with pytest.raises(ValueError, match="max_bytes"):
         storage_llm(tiny[0], tmp_path, max_bytes=-1)
+
+
+FLAKY = r'''
+import json, sys
+from host import LLM, SamplingParams
+model, path = sys.argv[1], sys.argv[2]
+common = dict(skip_tokenizer_init=True, max_model_len=96, max_num_batched_tokens=32, max_num_seqs=4, block_size=8)
+params = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
+prompts = json.loads(sys.argv[3])
+
+def flaky(rate, policy="recompute"):
+    return LLM(model, kv_transfer_config={"kv_connector": "flaky_storage", "kv_load_failure_policy": policy,
+               "kv_connector_extra_config": {"path": path, "drop_rate": rate, "seed": 1}}, **common)
+
+def free(llm):
+    m = llm.engine.kv_cache_manager
+    return m.block_pool.get_num_free_blocks() == m.num_blocks - 1 and not llm.engine.scheduler.requests
+
+def gen(llm, ps):
+    return [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in ps], params)]
+
+out = {}
+saver = flaky(0.0)
+out["saved"] = gen(saver, prompts)
+del saver
+llm = flaky(0.5)
+out["recompute"] = gen(llm, prompts)
+out["recompute_stats"] = llm.engine.scheduler.make_stats().kv_connector_stats
+out["recompute_free"] = free(llm)
+del llm
+llm = flaky(1.0, "fail")
+try:
+    gen(llm, prompts[3:])
+    out["fail"] = None
+except Exception as e:
+    out["fail"] = f"{type(e).__name__}: {e}"
+out["fail_free"] = free(llm)
+out["after_fail"] = gen(llm, [[7, 8, 9]])
+print(json.dumps(out))
+'''
+
+
+def test_a_third_party_connector_dropping_loads_recomputes_or_fails(tiny, want, fixture_sites, tmp_path):
+    """The ``kvflaky`` fixture package (``flaky_storage``, host.sdk only), installed as a third
+    party would be: half its loads dropped recompute to the tokens of an engine without a
+    connector; with every load dropped and ``kv_load_failure_policy=fail`` the request fails
+    naming the policy; no blocks are held afterwards."""
+    import json
+    import subprocess
+    import sys
+
+    from helpers import subprocess_env
+
+    proc = subprocess.run([sys.executable, "-c", FLAKY, tiny[0], str(tmp_path), json.dumps(PROMPTS)],
+                          capture_output=True, text=True, env=subprocess_env([fixture_sites["kvflaky"]]), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["saved"] == want
+    assert out["recompute"] == want
+    stats = out["recompute_stats"]
+    assert stats["dropped_loads"] >= 1 and stats["load_bytes"] > 0, stats
+    assert stats["external_hit_tokens"] == sum(len(p) // 8 * 8 for p in PROMPTS)
+    assert out["recompute_free"] and out["fail_free"]
+    assert out["fail"] is not None and "kv_load_failure_policy=fail" in out["fail"], out["fail"]
+    assert out["after_fail"] == [hf_greedy(tiny[1], [7, 8, 9], 5)]
