@@ -97,7 +97,8 @@ def pd(tmp_path_factory, tiny_checkpoint):
     tmp = tmp_path_factory.mktemp("pd")
     cfg = {"kv_connector": "p2p", "kv_role": "kv_producer"}
     servers = [run_server(tmp, [*common, "--kv-transfer-config", json.dumps(cfg)]),
-               run_server(tmp, [*common, "--kv-transfer-config", json.dumps({**cfg, "kv_role": "kv_consumer"})])]
+               run_server(tmp, [*common, "--kv-transfer-config", json.dumps(
+                   {**cfg, "kv_role": "kv_consumer", "kv_connector_extra_config": {"handshake_timeout_s": 1.0, "read_timeout_s": 3.0}})])]
     with contextlib.ExitStack() as stack:
         with ThreadPoolExecutor(2) as pool:  # both start at once (~15 s each)
             started = [pool.submit(s.__enter__) for s in servers]
@@ -212,3 +213,31 @@ def test_a_client_disconnect_aborts_the_decode_request(pd):
         time.sleep(0.2)
     assert metric_total(consumer.url, "generation_tokens_total") - before < 300  # stopped well short of 400
     _settled(pd["producer"], consumer)
+
+
+def test_a_killed_prefill_server_leaves_the_decode_side_recomputing_and_the_proxy_answering_502(pd):
+    """Runs last: it kills the module's producer. Its params are taken, then it dies before the
+    consumer pulls; the decode request recomputes (kv_load_failure_policy recompute) in bounded time."""
+    producer, consumer, proxy, model = pd["producer"], pd["consumer"], pd["proxy"], pd["model"]
+    rng = random.Random(23)
+    prompt = [rng.randrange(100, 40000) for _ in range(45)]
+    first = httpx.post(f"{producer.url}/v1/completions", timeout=30, json={
+        "model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0, "kv_transfer_params": {"do_remote_decode": True}})
+    params = first.json()["kv_transfer_params"]
+    assert params["do_remote_prefill"] and params["remote_block_ids"]
+    producer.proc.kill()
+    producer.proc.wait(10)
+    before = metric_total(consumer.url, "prompt_tokens_computed_total")
+    start = time.monotonic()
+    out = _client(consumer.url).completions.create(model=model, prompt=prompt, max_tokens=N_NEW, temperature=0,
+                                                   extra_body={"return_token_ids": True, "ignore_eos": True,
+                                                               "kv_transfer_params": params})
+    assert list(out.choices[0].token_ids) == hf_greedy(pd["hf"], prompt, N_NEW)
+    assert time.monotonic() - start < 20
+    assert metric_total(consumer.url, "prompt_tokens_computed_total") - before == len(prompt)  # recomputed in full
+    with pytest.raises(openai.APIStatusError) as err:
+        _client(proxy).completions.create(model=model, prompt=prompt, max_tokens=2)
+    assert err.value.status_code == 502 and producer.url in err.value.message
+    health = httpx.get(f"{proxy}/health")
+    assert health.status_code == 503 and producer.url in health.json()["error"]["message"]
+    _settled(consumer)
