@@ -220,3 +220,28 @@ def test_a_third_party_connector_dropping_loads_recomputes_or_fails(tiny, want, 
     assert out["recompute_free"] and out["fail_free"]
     assert out["fail"] is not None and "kv_load_failure_policy=fail" in out["fail"], out["fail"]
     assert out["after_fail"] == [hf_greedy(tiny[1], [7, 8, 9], 5)]
+
+
+def test_a_server_on_the_same_directory_reports_the_blocks_as_cached(tiny, want, stored, tmp_path):
+    """``host serve`` with the connector on the directory the offline engine filled (another
+    process: a restart): the openai client's usage counts the stored full blocks as cached and
+    the tokens are the no-connector greedy output."""
+    import json
+
+    import openai
+
+    from helpers import run_server
+    from host.core.models.default_model import resolve_model_path
+
+    path, _ = stored
+    tokenizer = resolve_model_path("default")  # ids < 300 decode with any larger vocabulary
+    config = {"kv_connector": "shared_storage", "kv_connector_extra_config": {"path": str(path)}}
+    args = ["--model", tiny[0], "--tokenizer", tokenizer, "--max-model-len", "96", "--block-size", "8",
+            "--enable-prompt-tokens-details", "--kv-transfer-config", json.dumps(config)]
+    with run_server(tmp_path, args) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+        done = client.completions.create(model=tiny[0], prompt=PROMPTS[3], max_tokens=5, temperature=0,
+                                         extra_body={"ignore_eos": True, "return_token_ids": True})
+    assert done.usage.prompt_tokens == len(PROMPTS[3])
+    assert done.usage.prompt_tokens_details.cached_tokens == len(PROMPTS[3]) // 8 * 8
+    assert done.choices[0].model_extra["token_ids"] == want[3]
