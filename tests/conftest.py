@@ -38,18 +38,21 @@ def fixture_sites(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """``pip install`` each fixture package into its own target directory (real installs with
     real dist-info and entry points); tests put the ones they need on ``sys.path``/PYTHONPATH."""
     root = tmp_path_factory.mktemp("fixture-sites")
-    sites: dict[str, str] = {}
-    for name in FIXTURE_PACKAGES:
-        target = root / name
+    running = {}
+    for name in FIXTURE_PACKAGES:  # side by side: each builds in its own source and target directory
         cmd = [
             sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
-            "--no-build-isolation", "--target", str(target), str(FIXTURES / name),
+            "--no-build-isolation", "--target", str(root / name), str(FIXTURES / name),
         ]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        running[name] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    failed = {}
+    for name, proc in running.items():
+        out, _ = proc.communicate()
         if proc.returncode != 0:
-            raise RuntimeError(f"pip install of fixture {name} failed:\n{proc.stdout}\n{proc.stderr}")
-        sites[name] = str(target)
-    return sites
+            failed[name] = out
+    if failed:
+        raise RuntimeError("pip install of fixture(s) failed:\n" + "\n".join(f"{n}:\n{o}" for n, o in failed.items()))
+    return {name: str(root / name) for name in FIXTURE_PACKAGES}
 
 
 
