@@ -95,24 +95,13 @@ class KVConnectorOutput:
     invalid_block_ids: set[int] = field(default_factory=set)
     stats: dict[str, int] = field(default_factory=dict)
 
-    def is_empty(self) -> bool:
-        return not (self.finished_sending or self.finished_recving or self.failed_recving or self.invalid_block_ids or self.stats)
-
-    @classmethod
-    def aggregate(cls, outputs: Iterable["KVConnectorOutput | None"], world_size: int) -> "KVConnectorOutput":
-        """Combine the reports of ``world_size`` ranks (``None`` for a rank with nothing): a
-        request has finished sending or receiving only once every rank moved its shard, and
-        has failed once any rank failed it; bad blocks and stats are unions and sums.
-
-        Ranks report at different steps, so the counts carry over: use one aggregator object
-        (:class:`KVOutputAggregator`) for the engine's life rather than this one-shot form."""
-        agg = KVOutputAggregator(world_size)
-        return agg.add(outputs)
-
 
 class KVOutputAggregator:
-    """Combines per-rank :class:`KVConnectorOutput` reports across steps (see
-    :meth:`KVConnectorOutput.aggregate`)."""
+    """Combines the per-rank :class:`KVConnectorOutput` reports of ``world_size`` ranks (``None``
+    for a rank with nothing): a request has finished sending or receiving only once every rank
+    moved its shard, and has failed once any rank failed it; bad blocks and stats are unions and
+    sums. Ranks report at different steps, so the counts carry over: one aggregator serves the
+    engine's life."""
 
     def __init__(self, world_size: int) -> None:
         self.world_size = world_size

@@ -93,9 +93,8 @@ class Scheduler:
         # a KV connector keys external blocks by the same chained hashes
         hashing = kv_cache_manager.enable_caching or kv_connector is not None
         self._block_hasher = make_block_hasher(self.block_size) if hashing else None
-        # the KV connector's scheduler role (None without --kv-transfer-config) and its state;
+        # the KV connector's scheduler role and its state (None without --kv-transfer-config);
         # with steps in flight (asynchronous scheduling, pipeline) frees wait for them
-        self.kv_connector = kv_connector
         self.kv_transfer = (
             KVTransferState(kv_connector, kv_transfer_config, kv_cache_manager, steps_in_flight)
             if kv_connector is not None else None
@@ -385,7 +384,7 @@ class Scheduler:
             output.step_seq = self.kv_transfer.next_seq()
             output.preempted_req_ids |= self.kv_transfer.drop_from_runner
             self.kv_transfer.drop_from_runner = set()
-            output.kv_connector_metadata = self.kv_connector.build_connector_meta(output)
+            output.kv_connector_metadata = self.kv_transfer.connector.build_connector_meta(output)
         # the scheduled tokens count as computed from now on (their KV is written this step);
         # a step that reaches a request's last planned token samples its next one
         requests = self.requests
@@ -523,7 +522,7 @@ class Scheduler:
     def _load_error(self, request: Request) -> str:
         return (
             f"loading the KV cache of request {request.request_id} through the KV connector "
-            f"{self.kv_connector.name!r} failed (kv_load_failure_policy=fail; 'recompute' computes it instead)"
+            f"{self.kv_transfer.connector.name!r} failed (kv_load_failure_policy=fail; 'recompute' computes it instead)"
         )
 
     # -- stats --------------------------------------------------------------------------------
