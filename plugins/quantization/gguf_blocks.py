@@ -22,12 +22,9 @@ from __future__ import annotations
 
 import torch
 
-# gguf.GGMLQuantizationType values (fixed by the file format)
-Q4_0, Q4_1, Q8_0, Q4_K, Q6_K = 2, 3, 8, 12, 14
-F32, F16, BF16 = 0, 1, 30
-BLOCKS: dict[int, tuple[int, int]] = {Q4_0: (32, 18), Q4_1: (32, 20), Q8_0: (32, 34), Q4_K: (256, 144), Q6_K: (256, 210)}
-"""qtype -> (values per block, bytes per block) of the formats kept quantized."""
-NAMES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0", Q4_K: "Q4_K", Q6_K: "Q6_K"}
+# the format table (gguf.GGMLQuantizationType ids, block geometry) is the SDK's, shared with the
+# platforms' kernels
+from host.sdk.gguf_formats import BF16, BLOCKS, F16, F32, NAMES, Q4_0, Q4_1, Q4_K, Q6_K, Q8_0  # noqa: F401
 
 
 def row_bytes(qtype: int, k: int) -> int:

@@ -45,9 +45,9 @@ except ImportError:  # pragma: no cover - triton ships with torch on Linux x86_6
     HAS_TRITON = False
 
 # gguf.GGMLQuantizationType values (fixed by the file format) -> (values, bytes) per block
-Q4_0, Q4_1, Q8_0, Q4_K, Q6_K = 2, 3, 8, 12, 14
-GGUF_BLOCKS: dict[int, tuple[int, int]] = {Q4_0: (32, 18), Q4_1: (32, 20), Q8_0: (32, 34), Q4_K: (256, 144), Q6_K: (256, 210)}
-GGUF_NAMES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0", Q4_K: "Q4_K", Q6_K: "Q6_K"}
+from host.sdk.gguf_formats import BLOCKS as GGUF_BLOCKS
+from host.sdk.gguf_formats import NAMES as GGUF_NAMES
+from host.sdk.gguf_formats import Q4_0, Q4_1, Q4_K, Q6_K, Q8_0  # noqa: F401
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 # Launch shapes (first choices, not tuned on a GPU yet: bench/gpu_check.sh quant prints the figures
