@@ -390,6 +390,94 @@ class KVTransferConfig:
         return self.kv_connector_extra_config
 
 
+SPEC_METHODS = ("ngram", "draft_model", "eagle")
+
+
+@dataclass
+class SpeculativeConfig:
+    """``--speculative-config``: speculative decoding (docs/speculative.md; vLLM's keys).
+
+    ``method``: ``ngram`` (prompt lookup: the tokens that followed the longest earlier
+    occurrence of the sequence's last n-gram, n from ``prompt_lookup_max`` down to
+    ``prompt_lookup_min``), ``draft_model`` (a small model of the same vocabulary, ``model``) or
+    ``eagle`` (an EAGLE head, ``model``). ``num_speculative_tokens``: the drafts per step (k).
+    The auto-off: a request whose moving acceptance rate over its last
+    ``auto_off_window`` drafted steps falls below ``auto_off_threshold`` gets no drafts for
+    ``auto_off_probe_steps`` steps, then is probed again (``auto_off_threshold`` 0: never off).
+    ``disable_by_batch_size``: no drafts in a step whose running requests are at least this
+    many (speculation pays at small batches).
+    """
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 4
+    prompt_lookup_min: int = 2
+    prompt_lookup_max: int = 5
+    model: str | None = None
+    auto_off_threshold: float = 0.2
+    auto_off_window: int = 8
+    auto_off_probe_steps: int = 32
+    disable_by_batch_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.method not in SPEC_METHODS:
+            raise ValueError(
+                f"speculative_config method={self.method!r} is not one of {', '.join(SPEC_METHODS)} "
+                '(e.g. --speculative-config \'{"method": "ngram", "num_speculative_tokens": 4}\')'
+            )
+        k = self.num_speculative_tokens
+        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 32:
+            raise ValueError(f"speculative_config num_speculative_tokens={k!r} must be an integer from 1 to 32")
+        lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in (lo, hi)) or lo > hi:
+            raise ValueError(
+                f"speculative_config prompt_lookup_min={lo!r}, prompt_lookup_max={hi!r} must be integers "
+                "with 1 <= prompt_lookup_min <= prompt_lookup_max"
+            )
+        if self.method in ("draft_model", "eagle") and not self.model:
+            raise ValueError(
+                f"speculative_config method={self.method!r} needs model (the draft's directory), e.g. "
+                f'{{"method": "{self.method}", "model": "/path/to/draft", "num_speculative_tokens": 4}}'
+            )
+        if self.method == "ngram" and self.model:
+            raise ValueError(
+                f"speculative_config model={self.model!r} is not used by method 'ngram'; drop it, or use "
+                "method draft_model / eagle"
+            )
+        if not isinstance(self.auto_off_threshold, (int, float)) or not 0.0 <= self.auto_off_threshold <= 1.0:
+            raise ValueError(
+                f"speculative_config auto_off_threshold={self.auto_off_threshold!r} must be from 0 to 1 (0: never off)"
+            )
+        for name in ("auto_off_window", "auto_off_probe_steps"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"speculative_config {name}={value!r} must be an integer >= 1")
+        b = self.disable_by_batch_size
+        if b is not None and (not isinstance(b, int) or isinstance(b, bool) or b < 1):
+            raise ValueError(f"speculative_config disable_by_batch_size={b!r} must be an integer >= 1 or unset")
+
+    @classmethod
+    def from_value(cls, value: "SpeculativeConfig | dict[str, Any] | str | None") -> "SpeculativeConfig | None":
+        """A config from a dict, a JSON string (the flag), itself, or None (no speculation).
+        Unknown keys are a ValueError naming the known ones."""
+        import dataclasses
+        import json
+
+        if value is None or isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"--speculative-config is not valid JSON ({e}): {value!r}") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"speculative_config={value!r} must be a JSON object")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(f"speculative_config has unknown keys {unknown}; known keys: {', '.join(sorted(known))}")
+        return cls(**value)
+
+
 @dataclass
 class EngineConfig:
     """Everything an engine needs; built once from :class:`EngineArgs` or keyword arguments."""
@@ -406,6 +494,8 @@ class EngineConfig:
     compilation: CompilationConfig = field(default_factory=CompilationConfig)
     # --kv-transfer-config: the KV connector, or None (docs/kv_transfer.md)
     kv_transfer: KVTransferConfig | None = None
+    # --speculative-config: speculative decoding, or None (docs/speculative.md)
+    speculative: SpeculativeConfig | None = None
 
     @property
     def optimization_level(self) -> int:

@@ -30,6 +30,7 @@ from host.core.config import (
     ParallelConfig,
     QuantizationConfig,
     SchedulerConfig,
+    SpeculativeConfig,
 )
 
 logger = logging.getLogger("host.engine")
@@ -161,6 +162,11 @@ class EngineArgs:
         "kv_connector_extra_config: the connector's settings; kv_load_failure_policy: recompute or fail (docs/kv_transfer.md)",
         parse="json", default_text="no KV connector",
     )
+    speculative_config: dict | None = flag(
+        help='speculative decoding as JSON with vLLM\'s keys, e.g. {"method": "ngram", "num_speculative_tokens": 4}; '
+        "method: ngram, draft_model or eagle (docs/speculative.md)",
+        parse="json", default_text="no speculation",
+    )
     optimization_level: int = flag(2, help="0 (eager) to 3; see docs/cuda.md", short="-O")
     enforce_eager: bool = flag(False, help="no device graphs and no torch.compile, whatever the -O level")
     custom_ops: bool | None = flag(help="the platform's fused kernels", default_text="on from -O1")
@@ -258,6 +264,7 @@ class EngineArgs:
             ),
             quant=_quantization_config(self.quantization, self.quantization_config, self.quantized_activations),
             kv_transfer=KVTransferConfig.from_value(self.kv_transfer_config),
+            speculative=SpeculativeConfig.from_value(self.speculative_config),
             attention_backend=self.attention_backend,
             device=platform.device_type,
             compilation=CompilationConfig(
@@ -269,6 +276,10 @@ class EngineArgs:
                 enforce_eager=self.enforce_eager,
             ),
         )
+        if config.speculative is not None:
+            from host.core.scheduler.spec_decode import check_speculative_support
+
+            check_speculative_support(config, async_explicit=self.async_scheduling is not None)
         if config.parallel.world_size > 1:  # a split the model cannot take fails here, before workers start
             from host.core.models.parallel_layers import check_model_parallel
 

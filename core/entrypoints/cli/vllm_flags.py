@@ -96,7 +96,6 @@ VLLM_FLAGS: tuple[VllmFlag, ...] = (
     VllmFlag("--limit-mm-per-prompt", "host serves text-only models", takes_value=True, refuse=True),
     VllmFlag("--tool-parser-plugin", "host's tool parsers are installed plugins (entry point group host.tool_parsers), "
              "chosen with --tool-call-parser", takes_value=True, refuse=True),
-    VllmFlag("--speculative-config", "host has no speculative decoding", takes_value=True, refuse=True),
     VllmFlag("--config", "host serve reads no config file; pass the flags on the command line", takes_value=True, refuse=True),
     VllmFlag("--headless", "host's API server and engine always start together", refuse=True),
     VllmFlag("--middleware", "host's routes and middlewares are endpoint plugins (host.endpoints)", takes_value=True, refuse=True),

@@ -1,0 +1,139 @@
+"""The scheduler's side of speculative decoding (docs/speculative.md): which drafts a running
+request gets this step (trimmed to the budget, ``max_model_len`` and ``max_tokens``; none while
+its auto-off holds), the rollback of rejected drafts, and the acceptance counts the metrics
+report.
+
+The auto-off, per request: every step in which a request verified drafts adds
+``accepted / drafted`` to a window of its last ``auto_off_window`` drafted steps. Once the
+window is full and its mean is below ``auto_off_threshold``, the request gets no drafts for
+``auto_off_probe_steps`` steps (it decodes one token a step, at the plain path's cost); then
+its window is cleared and it is probed again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from host.core.config import EngineConfig, SpeculativeConfig
+    from host.core.scheduler.request import Request
+
+logger = logging.getLogger("host.spec_decode")
+
+
+def check_speculative_support(config: "EngineConfig", async_explicit: bool) -> None:
+    """Refuse, at start-up, what speculation does not run with; turn off the asynchronous
+    scheduling a GPU platform would default to (the drafts of step N+1 need step N's tokens)."""
+    if config.parallel.pipeline_parallel_size > 1:
+        raise ValueError(
+            f"--speculative-config does not run with -pp {config.parallel.pipeline_parallel_size} (pipeline "
+            "parallelism); drop one of them"
+        )
+    if config.scheduler.async_scheduling:
+        if async_explicit:
+            raise ValueError(
+                "--speculative-config does not run with --async-scheduling: the next step's drafts need this "
+                "step's tokens; drop --async-scheduling"
+            )
+        logger.info("speculative decoding: asynchronous scheduling is off (each step's drafts need the last step's tokens)")
+        config.scheduler.async_scheduling = False
+
+
+@dataclass
+class _AutoOff:
+    window: deque = field(default_factory=deque)
+    off_until_step: int = -1  # the scheduler step from which drafts are taken again
+
+
+@dataclass
+class SpecDecodingStats:
+    """Counts of one or more steps, as the metrics report them (vLLM's names)."""
+
+    num_drafts: int = 0  # requests-steps that verified at least one draft
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+
+    def observe(self, num_draft_tokens: int, num_accepted: int) -> None:
+        if num_draft_tokens <= 0:
+            return
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted
+        if len(self.num_accepted_tokens_per_pos) < num_draft_tokens:
+            self.num_accepted_tokens_per_pos.extend([0] * (num_draft_tokens - len(self.num_accepted_tokens_per_pos)))
+        for i in range(num_accepted):
+            self.num_accepted_tokens_per_pos[i] += 1
+
+
+class SpecDecodeScheduling:
+    """The scheduler's speculative-decoding state: per-request auto-off windows and the
+    step's acceptance counts."""
+
+    def __init__(self, spec: "SpeculativeConfig", max_model_len: int) -> None:
+        self.spec = spec
+        self.k = int(spec.num_speculative_tokens)
+        self.max_model_len = max_model_len
+        self.step = 0
+        self._auto: dict[str, _AutoOff] = {}
+        self.stats = SpecDecodingStats()
+
+    def drafts_for(self, request: "Request", budget: int, num_running: int) -> list[int]:
+        """The drafts ``request`` (a running decode) is scheduled with this step: its proposed
+        ``spec_token_ids`` cut so that 1 + d tokens fit ``budget``, the sequence stays within
+        ``max_model_len`` and no draft lies beyond ``max_tokens``; ``[]`` while its auto-off
+        holds or the batch is at ``disable_by_batch_size``."""
+        drafts = request.spec_token_ids
+        if not drafts:
+            return []
+        limit = self.spec.disable_by_batch_size
+        if limit is not None and num_running >= limit:
+            return []
+        if request.sampling_params.structured_outputs is not None:
+            return []  # structured outputs get no drafts (docs/speculative.md, limits)
+        auto = self._auto.get(request.request_id)
+        if auto is not None and self.step < auto.off_until_step:
+            return []
+        # the step computes num_tokens - num_computed (one, for a decode) plus d drafts; the
+        # emitted tokens are at most d + 1, so d + 1 <= what max_tokens and max_model_len leave
+        left_tokens = request.sampling_params.max_tokens - request.num_output_tokens
+        left_len = self.max_model_len - request.num_tokens
+        d = min(len(drafts), self.k, budget - 1, left_tokens - 1, left_len - 1)
+        return list(drafts[:d]) if d > 0 else []
+
+    def end_step(self) -> None:
+        self.step += 1
+
+    def record(self, req_id: str, num_drafted: int, num_accepted: int) -> None:
+        """After a step: ``req_id`` verified ``num_drafted`` drafts and accepted the first
+        ``num_accepted``; feeds the stats and the request's auto-off window."""
+        if num_drafted <= 0:
+            return
+        self.stats.observe(num_drafted, num_accepted)
+        threshold = self.spec.auto_off_threshold
+        if threshold <= 0:
+            return
+        auto = self._auto.setdefault(req_id, _AutoOff())
+        auto.window.append(num_accepted / num_drafted)
+        if len(auto.window) > self.spec.auto_off_window:
+            auto.window.popleft()
+        if len(auto.window) == self.spec.auto_off_window and sum(auto.window) / len(auto.window) < threshold:
+            auto.window.clear()
+            auto.off_until_step = self.step + self.spec.auto_off_probe_steps
+            logger.debug("speculation off for request %s for %d steps (low acceptance)", req_id, self.spec.auto_off_probe_steps)
+
+    def is_off(self, req_id: str) -> bool:
+        """Whether the auto-off holds ``req_id``'s drafts back now."""
+        auto = self._auto.get(req_id)
+        return auto is not None and self.step < auto.off_until_step
+
+    def forget(self, req_id: str) -> None:
+        self._auto.pop(req_id, None)
+
+    def take_stats(self) -> SpecDecodingStats | None:
+        """The counts since the last call (None when nothing was drafted)."""
+        stats, self.stats = self.stats, SpecDecodingStats()
+        return stats if stats.num_drafts else None
