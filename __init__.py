@@ -4,7 +4,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["LLM", "SamplingParams", "__version__"]
+__all__ = ["LLM", "LoRARequest", "SamplingParams", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -13,6 +13,10 @@ def __getattr__(name: str) -> Any:
         from host.core.frontend.llm import LLM
 
         return LLM
+    if name == "LoRARequest":
+        from host.core.lora.request import LoRARequest
+
+        return LoRARequest
     if name == "SamplingParams":
         from host.core.sampling_params import SamplingParams
 

@@ -26,6 +26,7 @@ from host.core.config import (
     EngineConfig,
     KVTransferConfig,
     LoadConfig,
+    LoRAConfig,
     ModelConfig,
     ParallelConfig,
     QuantizationConfig,
@@ -167,6 +168,13 @@ class EngineArgs:
         "method: ngram, draft_model or eagle (docs/speculative.md)",
         parse="json", default_text="no speculation",
     )
+    enable_lora: bool = flag(False, help="serve LoRA adapters (PEFT directories) on the base model (docs/lora.md)")
+    max_loras: int = flag(1, help="with --enable-lora: most distinct adapters in one step (the device slots)")
+    max_lora_rank: int = flag(16, help="with --enable-lora: the largest adapter rank accepted")
+    max_cpu_loras: int | None = flag(
+        help="with --enable-lora: adapters kept in CPU memory behind the device slots (>= --max-loras)",
+        default_text="--max-loras",
+    )
     optimization_level: int = flag(2, help="0 (eager) to 3; see docs/cuda.md", short="-O")
     enforce_eager: bool = flag(False, help="no device graphs and no torch.compile, whatever the -O level")
     custom_ops: bool | None = flag(help="the platform's fused kernels", default_text="on from -O1")
@@ -265,6 +273,7 @@ class EngineArgs:
             quant=_quantization_config(self.quantization, self.quantization_config, self.quantized_activations),
             kv_transfer=KVTransferConfig.from_value(self.kv_transfer_config),
             speculative=SpeculativeConfig.from_value(self.speculative_config),
+            lora=LoRAConfig(self.max_loras, self.max_lora_rank, self.max_cpu_loras) if self.enable_lora else None,
             attention_backend=self.attention_backend,
             device=platform.device_type,
             compilation=CompilationConfig(
@@ -280,6 +289,10 @@ class EngineArgs:
             from host.core.scheduler.spec_decode import check_speculative_support
 
             check_speculative_support(config, async_explicit=self.async_scheduling is not None)
+        if config.lora is not None:
+            from host.core.lora.support import check_lora_support
+
+            check_lora_support(config)
         if config.parallel.world_size > 1:  # a split the model cannot take fails here, before workers start
             from host.core.models.parallel_layers import check_model_parallel
 

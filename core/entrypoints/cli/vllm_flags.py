@@ -91,8 +91,6 @@ VLLM_FLAGS: tuple[VllmFlag, ...] = (
     VllmFlag("--compilation-config", "use -O0 ... -O3, --torch-compile and --cuda-graph-sizes", takes_value=True),
     VllmFlag("--override-generation-config", "sampling defaults come from the request", takes_value=True),
     # refused: host cannot do what they ask
-    VllmFlag("--enable-lora", "host serves no LoRA adapters; merge the adapter into the weights", refuse=True),
-    VllmFlag("--lora-modules", "host serves no LoRA adapters; merge the adapter into the weights", takes_value=True, refuse=True),
     VllmFlag("--limit-mm-per-prompt", "host serves text-only models", takes_value=True, refuse=True),
     VllmFlag("--tool-parser-plugin", "host's tool parsers are installed plugins (entry point group host.tool_parsers), "
              "chosen with --tool-call-parser", takes_value=True, refuse=True),

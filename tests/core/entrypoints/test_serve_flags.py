@@ -84,7 +84,7 @@ def test_values_host_runs_with_anyway_start_without_a_line(serve, caplog):
 
 @pytest.mark.parametrize("args, reason", [
     (["--worker-use-ray"], "--distributed-executor-backend ray"),
-    (["--enable-lora"], "no LoRA adapters"),
+    (["--limit-mm-per-prompt", "image=1"], "text-only"),
     (["--tool-parser-plugin", "my_parser.py"], "host.tool_parsers"),
 ])
 def test_flags_host_cannot_honour_are_refused_with_the_reason(serve, args, reason):
