@@ -18,6 +18,7 @@ from typing import Any, Union
 
 import msgspec
 
+from host.core.lora.request import LoRARequest
 from host.core.sampling_params import SamplingParams
 
 
@@ -38,6 +39,8 @@ class EngineCoreRequest(msgspec.Struct, tag="add", omit_defaults=True):
     # the client's "kv_transfer_params" (a PD proxy's hand-off from the prefill instance), read
     # by the engine's KV connector; None without one
     kv_transfer_params: dict[str, Any] | None = None
+    # the LoRA adapter (--enable-lora), its digest filled by the input processor; None: base model
+    lora_request: LoRARequest | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.sampling_params, dict):

@@ -137,6 +137,7 @@ class AsyncLLM:
         deadline: float | None = None,
         check_queue: bool = True,
         kv_transfer_params: dict[str, Any] | None = None,
+        lora_request: Any = None,
     ) -> AsyncIterator[RequestOutput]:
         """Stream snapshots of one prompt's result until it finishes. Cancelling the consumer
         (a client that disconnected) aborts the request in the engine and frees its blocks.
@@ -145,7 +146,8 @@ class AsyncLLM:
         the engine and its last snapshot ends it with ``finish_reason="abort"``.
         ``check_queue=False`` skips :meth:`admit` (a beam search's steps, admitted once).
         ``kv_transfer_params`` go to the engine's KV connector; its answer comes back on the
-        result's ``kv_transfer_params``."""
+        result's ``kv_transfer_params``. ``lora_request``: the :class:`host.LoRARequest` to run
+        with (``None``: the base model), validated here (docs/lora.md)."""
         if self.dead_reason is not None:
             raise EngineDeadError(self.dead_reason)
         if check_queue:
@@ -153,9 +155,11 @@ class AsyncLLM:
         process = functools.partial(
             self.input_processor.process,
             request_id or uuid.uuid4().hex, prompt_token_ids, params, priority=priority, whole_request_fits=True,
+            lora_request=lora_request,
         )
-        # bad_words are tokenized here: CPU work that would stall the event loop, so a thread does it
-        request = await asyncio.to_thread(process) if params.bad_words else process()
+        # bad_words are tokenized here, and a LoRA adapter's files read: work that would stall the
+        # event loop, so a thread does it
+        request = await asyncio.to_thread(process) if params.bad_words or lora_request is not None else process()
         request.kv_transfer_params = kv_transfer_params
         rid = request.request_id
         result, engine_requests = self.processor.add_request(request, prompt)

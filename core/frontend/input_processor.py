@@ -43,6 +43,12 @@ def check_priority(priority: object) -> int:
     return check_int("priority", priority)
 
 
+def _is_dir(path: str) -> bool:
+    import os
+
+    return os.path.isdir(os.path.expanduser(path))
+
+
 class InputProcessor:
     """Validates and prepares requests for one engine configuration and tokenizer."""
 
@@ -53,6 +59,9 @@ class InputProcessor:
         self.max_num_seqs: int = config.scheduler.max_num_seqs
         # --max-logprobs; -1: no limit (the whole vocabulary may be asked for)
         self.max_logprobs: int = getattr(config.model, "max_logprobs", MAX_LOGPROBS)
+        self.lora_config = getattr(config, "lora", None)  # --enable-lora, else None
+        self.hf_config = config.model.hf_config
+        self._validated_adapters: dict[tuple[str, str], str] = {}
         if tokenizer is not None:
             self.eos_token_id: int | None = tokenizer.eos_token_id
         else:
@@ -173,12 +182,42 @@ class InputProcessor:
         *,
         priority: int = 0,
         whole_request_fits: bool = False,
+        lora_request: Any = None,
     ) -> EngineCoreRequest:
         """The engine request for one prompt (its ``n`` samples are fanned out by the output
-        processor). Prepares the params (``bad_words``) and validates everything."""
+        processor). Prepares the params (``bad_words``) and validates everything, the LoRA
+        adapter included (its digest filled, see :func:`host.core.lora.adapter.read_adapter`)."""
         check_priority(priority)
         params = prepare_params(self.tokenizer, params)
         self.validate(prompt_token_ids, params, whole_request_fits=whole_request_fits)
-        return EngineCoreRequest(
+        request = EngineCoreRequest(
             request_id, list(prompt_token_ids), params, self.eos_token_id, time.time(), priority
         )
+        if lora_request is not None:
+            request.lora_request = self.check_lora(lora_request)
+        return request
+
+    def check_lora(self, lora_request: Any) -> Any:
+        """``lora_request`` validated against this engine and model, with its digest filled; a
+        ``ValueError`` naming the problem (LoRA off, a missing file, a rank too large, an
+        unknown target module, a shape of another model)."""
+        from host.core.lora.adapter import read_adapter
+        from host.core.lora.request import LoRARequest
+
+        if not isinstance(lora_request, LoRARequest):
+            raise ValueError(f"lora_request={lora_request!r} must be a host.LoRARequest(name, id, path) or None")
+        if self.lora_config is None:
+            raise ValueError(
+                f"LoRA adapter {lora_request.lora_name!r} requested, but this engine runs without LoRA; "
+                "start it with --enable-lora (LLM(enable_lora=True))"
+            )
+        from host.core.lora.adapter import adapter_digest
+
+        if not isinstance(lora_request.lora_path, str) or not lora_request.lora_path:
+            raise ValueError(f"LoRA adapter {lora_request.lora_name!r} has no lora_path; pass its PEFT directory")
+        # an adapter validated once is not read again until its files change (a new digest)
+        key = (lora_request.lora_path, adapter_digest(lora_request.lora_path) if _is_dir(lora_request.lora_path) else "")
+        if key not in self._validated_adapters:
+            files = read_adapter(lora_request.lora_path, self.lora_config, self.hf_config)
+            self._validated_adapters[key] = files.digest
+        return lora_request.with_digest(self._validated_adapters[key])

@@ -95,13 +95,17 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = False,
         priority: Sequence[int] | None = None,
+        lora_request: Any = None,
     ) -> list[RequestOutput]:
         """Generate for every prompt (batched by the scheduler); outputs in prompt order.
 
         ``priority`` (one int per prompt, lower is served first) applies with
-        ``scheduling_policy="priority"``.
+        ``scheduling_policy="priority"``. ``lora_request``: one :class:`host.LoRARequest` for
+        every prompt, a list with one per prompt (``None`` entries: the base model), or
+        ``None`` (needs ``enable_lora=True``; docs/lora.md).
         """
         items = self.input_processor.normalize_prompts(prompts)
+        loras = _per_prompt_loras(lora_request, len(items))
         if priority is not None and len(priority) != len(items):
             raise ValueError(f"got {len(priority)} priorities for {len(items)} prompts; pass one per prompt")
         priorities = list(priority) if priority is not None else [0] * len(items)
@@ -120,8 +124,8 @@ class LLM:
         sent: list[str] = []
         self.last_finish_order = []
         try:
-            for (text, ids), params, prio in zip(items, params_list, priorities):
-                results.append(self._add(processor, text, ids, params, prio, sent))
+            for (text, ids), params, prio, lora in zip(items, params_list, priorities, loras):
+                results.append(self._add(processor, text, ids, params, prio, sent, lora))
             while processor.has_unfinished_requests():
                 self._step(processor)
         except BaseException:
@@ -130,13 +134,15 @@ class LLM:
             raise
         return results
 
-    def stream(self, prompt: Any, sampling_params: SamplingParams | None = None) -> Iterator[RequestOutput]:
+    def stream(
+        self, prompt: Any, sampling_params: SamplingParams | None = None, lora_request: Any = None
+    ) -> Iterator[RequestOutput]:
         """Generate for one prompt, yielding its result (updated in place) after every step that
         changed it; closing the iterator early aborts the request and frees its blocks."""
         ((text, ids),) = self.input_processor.normalize_prompts(prompt)
         processor = OutputProcessor(self.tokenizer)
         sent: list[str] = []
-        result = self._add(processor, text, ids, sampling_params or SamplingParams(), 0, sent)
+        result = self._add(processor, text, ids, sampling_params or SamplingParams(), 0, sent, lora_request)
         try:
             while processor.has_unfinished_requests():
                 if self._step(processor):
@@ -145,8 +151,11 @@ class LLM:
             if not result.finished:
                 self.engine_core.abort_requests(sent)
 
-    def _add(self, processor: OutputProcessor, text: str | None, ids: list[int], params: SamplingParams, priority: int, sent: list[str]) -> RequestOutput:
-        request = self.input_processor.process(self.next_request_id(), ids, params, priority=priority)
+    def _add(
+        self, processor: OutputProcessor, text: str | None, ids: list[int], params: SamplingParams, priority: int,
+        sent: list[str], lora_request: Any = None,
+    ) -> RequestOutput:
+        request = self.input_processor.process(self.next_request_id(), ids, params, priority=priority, lora_request=lora_request)
         result, engine_requests = processor.add_request(request, text)
         for engine_request in engine_requests:
             self.engine_core.add_request(engine_request)
@@ -209,3 +218,14 @@ class LLM:
 
     def shutdown(self) -> None:
         self.engine_core.shutdown()
+
+
+def _per_prompt_loras(lora_request: Any, n: int) -> list[Any]:
+    """``generate``'s ``lora_request`` as one entry per prompt (vLLM's rule: one for all, or a
+    list of one per prompt)."""
+    if lora_request is None or not isinstance(lora_request, (list, tuple)):
+        return [lora_request] * n
+    if len(lora_request) != n:
+        raise ValueError(f"got {len(lora_request)} lora_requests for {n} prompts; pass one, or one per prompt")
+    return list(lora_request)
+

@@ -165,7 +165,7 @@ class OutputProcessor:
                 EngineCoreRequest(
                     f"{request.request_id}-{i}", request.prompt_token_ids, params.clone_for_sample(i),
                     request.eos_token_id, request.arrival_time, request.priority, request.cache_salt,
-                    request.kv_transfer_params,
+                    request.kv_transfer_params, request.lora_request,
                 )
                 for i in range(params.n)
             ]

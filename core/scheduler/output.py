@@ -19,6 +19,7 @@ class NewRequestData:
     # output tokens generated so far (non-empty for a request resumed after preemption)
     output_token_ids: list[int] = field(default_factory=list)
     eos_token_id: int | None = None
+    lora_request: Any = None  # its LoRARequest (--enable-lora), None for the base model
 
 
 @dataclass

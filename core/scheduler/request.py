@@ -15,6 +15,7 @@ from host.core.sampling_params import SamplingParams
 if TYPE_CHECKING:
     from host.core.engine.protocol import EngineCoreRequest
     from host.core.kv_cache.hashing import BlockHash, BlockHasher
+    from host.core.lora.request import LoRARequest
 
 
 class RequestStatus(enum.IntEnum):
@@ -73,6 +74,7 @@ class Request:
         cache_salt: str | None = None,
         block_hasher: "BlockHasher | None" = None,
         kv_transfer_params: dict[str, Any] | None = None,
+        lora_request: "LoRARequest | None" = None,
     ) -> None:
         self.request_id = request_id
         self.sampling_params = sampling_params if sampling_params is not None else SamplingParams()
@@ -82,6 +84,8 @@ class Request:
         self.cache_salt = cache_salt
         # the client's KV transfer parameters (read by the KV connector), see EngineCoreRequest
         self.kv_transfer_params = kv_transfer_params
+        # the LoRA adapter it runs with (None: the base model); keys its blocks' hashes and its slot
+        self.lora_request = lora_request
         # a KV connector's load for this request failed: recompute, never ask it again
         self.kv_load_failed = False
 
@@ -116,7 +120,7 @@ class Request:
         return cls(
             msg.request_id, msg.prompt_token_ids, msg.sampling_params, eos_token_id=msg.eos_token_id,
             arrival_time=msg.arrival_time or None, priority=msg.priority, cache_salt=msg.cache_salt,
-            kv_transfer_params=msg.kv_transfer_params,
+            kv_transfer_params=msg.kv_transfer_params, lora_request=msg.lora_request,
         )
 
     @property

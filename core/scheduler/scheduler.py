@@ -358,6 +358,7 @@ class Scheduler:
                 num_computed_tokens=r.num_computed_tokens,
                 output_token_ids=list(r.output_token_ids),
                 eos_token_id=r.eos_token_id,
+                lora_request=r.lora_request,
             )
             for r in scheduled_new
         ]

@@ -22,12 +22,15 @@ class ForwardContext:
     """What one forward pass needs beyond token ids and positions.
 
     ``attn_metadata`` is the object the backend's metadata builder returned (shared by every
-    layer); ``kv_caches[i]`` is layer ``i``'s view into the KV buffer.
+    layer); ``kv_caches[i]`` is layer ``i``'s view into the KV buffer; ``lora_mapping`` (with
+    ``--enable-lora``) each token's adapter slot, a
+    :class:`~host.core.lora.punica.LoRAMapping`, or ``None`` (every token on the base model).
     """
 
     attn_metadata: Any
     kv_caches: list["torch.Tensor"]
     extra: dict[str, Any] = field(default_factory=dict)
+    lora_mapping: Any = None
 
 
 _CONTEXT: contextvars.ContextVar[ForwardContext | None] = contextvars.ContextVar(

@@ -62,6 +62,7 @@ class ModelRunner:
         self._attn_builder: Any = None
         self._attn_metadata: Any = None  # the last step's (a KV connector's save_kv_layer reads it)
         self.kv_connector: Any = None  # WorkerKVConnector with --kv-transfer-config
+        self.lora: Any = None  # WorkerLoRA with --enable-lora
         self.block_size = config.cache.block_size
         if config.compilation.custom_ops is None:  # a config built without EngineArgs
             config.compilation.resolve(config.scheduler.max_num_seqs, platform.can_capture_graphs())
@@ -85,6 +86,10 @@ class ModelRunner:
         self.platform.prepare_model(self.model, self.config)
         self.pipeline = PipelineStage.of(self.model, self.hf_config, self.dtype, self.device)
         self.pipeline.disable_whole_stack_paths(self.model, self.config.compilation)
+        if getattr(self.config, "lora", None) is not None:  # --enable-lora: wrap the linears (docs/lora.md)
+            from host.core.lora.worker import WorkerLoRA
+
+            self.lora = WorkerLoRA(self.config, self.model, self.hf_config, self.dtype, self.device)
         # what the weights occupy once the platform has prepared them (repacked copies included)
         self.resident_weight_bytes = weight_bytes(self.model)
         self.sampler = Sampler(draw_kernel=self.platform.sampling_kernel(self.config))
@@ -354,7 +359,10 @@ class ModelRunner:
             input_ids[fill[0]] = fill[1]
         positions = self.staging.to_device("pos", inputs.positions)
         stage_kw = self.pipeline.forward_kwargs(len(inputs.input_ids))  # the previous stage's output
-        with set_forward_context(ForwardContext(attn_metadata, self.kv_caches, {"attention_layers": self._attention_layers})):
+        ctx = ForwardContext(attn_metadata, self.kv_caches, {"attention_layers": self._attention_layers})
+        if self.lora is not None:
+            ctx.lora_mapping = self.lora.step_mapping([self.input_batch.states[i] for i in inputs.rows], inputs.num_scheduled)
+        with set_forward_context(ctx):
             return (self._forward if self._forward is not None else self.model)(input_ids, positions, **stage_kw)
 
     @torch.inference_mode()

@@ -1,0 +1,93 @@
+"""The batched multi-adapter LoRA product (worker): one shrink/expand pass per layer over the
+whole step, each token with its own adapter slot (Punica's idea, S-LoRA's serving).
+
+Every wrapped linear holds stacked slot buffers ``a [max_loras, R, in]`` and ``b [max_loras,
+out, R]`` (``R``: the slices' ranks side by side, B already multiplied by the adapter's scale;
+see :mod:`host.core.lora.layers`). For the step's :class:`LoRAMapping` (the slot of each token,
+``-1`` for the base model) the op adds, in place, ``out[t] += (x[t] @ a[s].T) @ b[s].T`` for
+every token ``t`` whose slot ``s >= 0``.
+
+The op is called through the kernel table (:mod:`host.sdk.kernels`) as
+``lora_shrink_expand(x, out, a, b, mapping, active) -> out``: the torch path below is registered
+for every device (``"*"``); a platform registers a faster one for its device type
+(``plugins/triton_ops/lora.py`` for ``cuda``). ``active[s]`` is False where slot ``s`` holds
+nothing for this module (an adapter that does not target it): those tokens are skipped.
+
+The torch path groups the step's tokens by slot once per step (host-side, in
+:func:`build_mapping`), then per layer runs two GEMMs per adapter in the step over that
+adapter's rows: with few adapters that is a handful of large, BLAS-friendly products; a step on
+one adapter alone uses the rows as they are, without a gather.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from host.sdk.kernels import ANY_DEVICE, kernel_for, register_kernel
+
+OP = "lora_shrink_expand"
+
+
+@dataclass
+class LoRAMapping:
+    """One step's adapter slot per input token.
+
+    ``token_slots``: int32 ``[num_tokens]`` on the device (``-1``: the base model);
+    ``groups``: ``(slot, row indices on the device, or None for every row)`` per slot the step
+    uses, built once per step; ``num_tokens``: the step's token count."""
+
+    token_slots: torch.Tensor
+    groups: list[tuple[int, torch.Tensor | None]]
+    num_tokens: int
+
+
+def build_mapping(token_slots: np.ndarray, device: torch.device) -> LoRAMapping | None:
+    """The mapping of a step from each token's slot (host int array, ``-1`` base); ``None``
+    when no token uses an adapter (the wrappers then add nothing and cost one check)."""
+    token_slots = np.asarray(token_slots, dtype=np.int32)
+    used = np.unique(token_slots)
+    used = used[used >= 0]
+    if used.size == 0:
+        return None
+    groups: list[tuple[int, torch.Tensor | None]] = []
+    if used.size == 1 and bool((token_slots == used[0]).all()):
+        groups.append((int(used[0]), None))
+    else:
+        for slot in used.tolist():
+            rows = np.flatnonzero(token_slots == slot)
+            groups.append((int(slot), torch.from_numpy(rows).to(device, non_blocking=True)))
+    slots = torch.from_numpy(token_slots).to(device, non_blocking=True)
+    return LoRAMapping(slots, groups, int(token_slots.shape[0]))
+
+
+def lora_shrink_expand_torch(
+    x: torch.Tensor, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, mapping: LoRAMapping,
+    active: Sequence[bool] | None = None,
+) -> torch.Tensor:
+    """The reference (every device): per slot of the step, ``out[rows] += (x[rows] @ a[s].T) @
+    b[s].T``, in ``x``'s dtype (as PEFT computes ``lora_B(lora_A(x))``)."""
+    for slot, rows in mapping.groups:
+        if active is not None and not active[slot]:
+            continue
+        if rows is None:
+            out.add_((x @ a[slot].t()) @ b[slot].t())
+        else:
+            out.index_add_(0, rows, (x.index_select(0, rows) @ a[slot].t()) @ b[slot].t())
+    return out
+
+
+register_kernel(OP, ANY_DEVICE, lora_shrink_expand_torch, name="torch")
+
+
+def lora_shrink_expand(
+    x: torch.Tensor, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, mapping: LoRAMapping,
+    active: Sequence[bool] | None = None,
+) -> torch.Tensor:
+    """``out`` plus each token's adapter product, by the kernel table's best implementation for
+    ``x``'s device (see the module docstring); returns ``out``."""
+    impl: Any = kernel_for(OP, x.device.type)
+    return impl(x, out, a, b, mapping, active)
