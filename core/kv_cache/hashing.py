@@ -6,7 +6,10 @@ reuse a KV block only when everything before it is identical too. Only full bloc
 
 The hash is sha256 over a fixed byte serialisation, so it is the same in every process and on
 every machine (no ``PYTHONHASHSEED`` dependence). ``cache_salt`` goes into the first block only;
-through the chain it separates every later block as well.
+through the chain it separates every later block as well. A LoRA request's adapter enters every
+block's extra keys as ``("lora", name, digest)``: by name and by content (the sha256 of the
+adapter's files), so two adapters never share a block, and an adapter reloaded with changed
+weights under the same name never meets the KV its old weights computed.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import struct
 from typing import TYPE_CHECKING, Any, Callable, NewType, Sequence
 
 if TYPE_CHECKING:
+    from host.core.lora.request import LoRARequest
     from host.core.scheduler.request import Request
 
 BlockHash = NewType("BlockHash", bytes)
@@ -45,15 +49,25 @@ def hash_block_tokens(
     return BlockHash(h.digest())
 
 
-def block_extra_keys(start_token_idx: int, cache_salt: str | None = None) -> ExtraKeys:
+def lora_extra_keys(lora_request: "LoRARequest | None") -> tuple[Any, ...]:
+    """``("lora", name, digest)`` for a request with an adapter, ``()`` for the base model."""
+    if lora_request is None:
+        return ()
+    return ("lora", lora_request.lora_name, lora_request.digest)
+
+
+def block_extra_keys(
+    start_token_idx: int, cache_salt: str | None = None, lora_request: "LoRARequest | None" = None,
+) -> ExtraKeys:
     """The extra keys of the block starting at ``start_token_idx`` (``None`` when there are none).
 
-    Today that is only the cache salt, on the first block; LoRA names and multimodal ids join
-    here later, ahead of the salt.
+    Every block of a LoRA request starts with :func:`lora_extra_keys`; the cache salt follows on
+    the first block. Multimodal ids join here later, ahead of the salt.
     """
+    keys = lora_extra_keys(lora_request)
     if cache_salt is not None and start_token_idx == 0:
-        return (cache_salt,)
-    return None
+        keys += (cache_salt,)
+    return keys or None
 
 
 def hash_token_blocks(
@@ -62,11 +76,13 @@ def hash_token_blocks(
     cache_salt: str | None = None,
     parent_block_hash: BlockHash | None = None,
     start_token_idx: int = 0,
+    lora_request: "LoRARequest | None" = None,
 ) -> list[BlockHash]:
     """Chained hashes of every full block of ``token_ids[start_token_idx:]``.
 
     ``start_token_idx`` must be block-aligned and ``parent_block_hash`` the hash of the block
-    before it (``None`` at the start). A trailing partial block is not hashed.
+    before it (``None`` at the start). A trailing partial block is not hashed. ``lora_request``:
+    the request's adapter (``None``: the base model), see :func:`block_extra_keys`.
     """
     hashes: list[BlockHash] = []
     parent = parent_block_hash
@@ -74,7 +90,7 @@ def hash_token_blocks(
     n = len(token_ids)
     while start + block_size <= n:
         end = start + block_size
-        parent = hash_block_tokens(parent, token_ids[start:end], block_extra_keys(start, cache_salt))
+        parent = hash_block_tokens(parent, token_ids[start:end], block_extra_keys(start, cache_salt, lora_request))
         hashes.append(parent)
         start = end
     return hashes
@@ -83,7 +99,8 @@ def hash_token_blocks(
 def make_block_hasher(block_size: int) -> BlockHasher:
     """A per-request incremental hasher: called with a request, it returns the hashes of the
     full blocks not yet in ``request.block_hashes`` (starting at ``len(block_hashes) *
-    block_size``); it returns ``[]`` while the next block is still partial."""
+    block_size``), keyed by the request's cache salt and adapter; it returns ``[]`` while the
+    next block is still partial."""
     if block_size < 1:
         raise ValueError(f"block_size={block_size} must be >= 1")
 
@@ -98,6 +115,7 @@ def make_block_hasher(block_size: int) -> BlockHasher:
             cache_salt=request.cache_salt,
             parent_block_hash=done[-1] if done else None,
             start_token_idx=start,
+            lora_request=request.lora_request,
         )
 
     hasher.block_size = block_size  # type: ignore[attr-defined]
