@@ -56,6 +56,7 @@ class EngineCore:
             config.scheduler, config.cache, self.kv_cache_manager, send_token_ids=pipelined,
             kv_connector=self.kv_connector, kv_transfer_config=config.kv_transfer,
             steps_in_flight=pipelined or bool(config.scheduler.async_scheduling),
+            speculative_config=getattr(config, "speculative", None),
         )
         # every rank reports its own shard's transfers; a request is done once all have
         self._kv_outputs = KVOutputAggregator(config.parallel.world_size) if self.kv_connector is not None else None

@@ -137,6 +137,9 @@ class SchedulerStats(msgspec.Struct, omit_defaults=True):
     # the KV connector's counters (external_hit_tokens, load_bytes, save_bytes,
     # failed_transfers, failed_loads, ...), totals since start-up; None without a connector
     kv_connector_stats: dict[str, int] | None = None
+    # --speculative-config: totals since start-up (num_drafts, num_draft_tokens,
+    # num_accepted_tokens, num_accepted_tokens_per_pos: a list by draft position); else None
+    spec_decoding: dict[str, Any] | None = None
 
 
 class UtilityResult(msgspec.Struct):

@@ -55,6 +55,9 @@ class SchedulerOutput:
     # for the workers (its scheduler role's build_connector_meta)
     step_seq: int = 0
     kv_connector_metadata: Any = None
+    # --speculative-config: the drafts each request verifies this step (its scheduled tokens are
+    # its last known token plus these), only requests with drafts listed
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:

@@ -104,6 +104,8 @@ class Request:
         self.stop_reason: int | str | None = None
         # set by the engine core for a request with structured_outputs (see structured_output.py)
         self.structured_output: Any = None
+        # --speculative-config: drafts for the next step (from the last step's ModelRunnerOutput)
+        self.spec_token_ids: list[int] = []
 
         self.block_hashes: list[BlockHash] = []
         self._block_hasher: BlockHasher | None = None

@@ -31,6 +31,7 @@ from host.core.scheduler.kv_transfer import KVTransferState
 from host.core.scheduler.output import CachedRequestData, NewRequestData, SchedulerOutput
 from host.core.scheduler.policy import create_request_queue
 from host.core.scheduler.request import Request, RequestStatus
+from host.core.scheduler.spec_decode import SpecDecodeScheduling
 from host.core.worker.output import ModelRunnerOutput
 
 logger = logging.getLogger(__name__)
@@ -56,6 +57,7 @@ class Scheduler:
         kv_connector: Any = None,
         kv_transfer_config: Any = None,
         steps_in_flight: bool = False,
+        speculative_config: Any = None,
     ) -> None:
         if cache_config.block_size != kv_cache_manager.block_size:
             raise ValueError(
@@ -103,6 +105,8 @@ class Scheduler:
         # pipeline parallelism: the first stage never sees sampled tokens, so the plan carries
         # each running request's input tokens (CachedRequestData.new_token_ids)
         self.send_token_ids = send_token_ids
+        # --speculative-config: draft trimming, rollback, acceptance counts (spec_decode.py)
+        self.spec_decode = SpecDecodeScheduling(speculative_config, self.max_model_len) if speculative_config is not None else None
 
     # -- requests in and out ------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -201,6 +205,7 @@ class Scheduler:
         scheduled_running: list[Request] = []
         scheduled_new: list[Request] = []
         preempted: list[Request] = []
+        spec_tokens: dict[str, list[int]] = {}  # the drafts each decode verifies this step
 
         threshold = cfg.long_prefill_token_threshold if chunked else 0
         if len(self.running) + len(self.waiting) <= 1:
@@ -230,6 +235,8 @@ class Scheduler:
             if num_new <= 0 or (not chunked and num_new < remaining):
                 req_index += 1
                 continue
+            drafts = self.spec_decode.drafts_for(request, token_budget, len(self.running)) if self.spec_decode and is_decode else []
+            num_new += len(drafts)
 
             new_blocks = None
             delay_cache = self.kv_transfer is not None and self.kv_transfer.loading_sync(request.request_id)
@@ -253,6 +260,7 @@ class Scheduler:
                 if victim.request_id in num_scheduled:
                     # scheduled earlier in this step: give its tokens back to the budget
                     token_budget += num_scheduled.pop(victim.request_id)
+                    spec_tokens.pop(victim.request_id, None)
                     new_blocks_of.pop(victim.request_id, None)
                     scheduled_running.remove(victim)
                 self._preempt_request(victim)
@@ -264,6 +272,8 @@ class Scheduler:
             scheduled_running.append(request)
             new_blocks_of[request.request_id] = new_blocks
             num_scheduled[request.request_id] = num_new
+            if drafts:
+                spec_tokens[request.request_id] = drafts
             token_budget -= num_new
             req_index += 1
 
@@ -379,6 +389,7 @@ class Scheduler:
             total_num_scheduled_tokens=sum(num_scheduled.values()),
             finished_req_ids=self.finished_req_ids,
             preempted_req_ids={r.request_id for r in preempted},
+            scheduled_spec_decode_tokens=spec_tokens,
         )
         self.finished_req_ids = set()
         if self.kv_transfer is not None:
@@ -448,6 +459,8 @@ class Scheduler:
                 new_token_ids.append(token_id)
                 if self._check_stop(request):
                     break
+            if self.spec_decode is not None:  # roll back the rejected drafts, take the next ones
+                self.spec_decode.after_step(request, scheduler_output, len(sampled), model_runner_output.spec_token_ids, i)
             error = None
             if request.structured_output is not None and not self._accept_structured(request, new_token_ids):
                 error = f"token {new_token_ids[-1]} broke the request's structured_outputs grammar"
@@ -539,6 +552,7 @@ class Scheduler:
             num_preemptions=self.num_preemptions,
             num_prompt_tokens_computed=self.num_prompt_tokens_computed,
             kv_connector_stats=self.kv_transfer.take_stats() if self.kv_transfer is not None else None,
+            spec_decoding=self.spec_decode.totals() if self.spec_decode is not None else None,
             num_waiting_deferred=sum(
                 1 for r in self.waiting
                 if r.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR and not r.structured_output.ready()
@@ -626,6 +640,8 @@ class Scheduler:
         request holds computed KV a producer may hand off. Returns the connector's
         kv_transfer_params for its last output."""
         self._events.pop(request.request_id, None)
+        if self.spec_decode is not None:
+            self.spec_decode.forget(request.request_id)
         params = None
         if self.kv_transfer is not None:
             # an aborted request hands nothing off: its KV may be incomplete

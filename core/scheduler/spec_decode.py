@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from host.core.config import EngineConfig, SpeculativeConfig
@@ -45,7 +45,7 @@ def check_speculative_support(config: "EngineConfig", async_explicit: bool) -> N
 @dataclass
 class _AutoOff:
     window: deque = field(default_factory=deque)
-    off_until_step: int = -1  # the scheduler step from which drafts are taken again
+    off_steps_left: int = 0  # the request's decode steps still run without drafts
 
 
 @dataclass
@@ -77,7 +77,6 @@ class SpecDecodeScheduling:
         self.spec = spec
         self.k = int(spec.num_speculative_tokens)
         self.max_model_len = max_model_len
-        self.step = 0
         self._auto: dict[str, _AutoOff] = {}
         self.stats = SpecDecodingStats()
 
@@ -95,7 +94,8 @@ class SpecDecodeScheduling:
         if request.sampling_params.structured_outputs is not None:
             return []  # structured outputs get no drafts (docs/speculative.md, limits)
         auto = self._auto.get(request.request_id)
-        if auto is not None and self.step < auto.off_until_step:
+        if auto is not None and auto.off_steps_left > 0:
+            auto.off_steps_left -= 1
             return []
         # the step computes num_tokens - num_computed (one, for a decode) plus d drafts; the
         # emitted tokens are at most d + 1, so d + 1 <= what max_tokens and max_model_len leave
@@ -103,9 +103,6 @@ class SpecDecodeScheduling:
         left_len = self.max_model_len - request.num_tokens
         d = min(len(drafts), self.k, budget - 1, left_tokens - 1, left_len - 1)
         return list(drafts[:d]) if d > 0 else []
-
-    def end_step(self) -> None:
-        self.step += 1
 
     def record(self, req_id: str, num_drafted: int, num_accepted: int) -> None:
         """After a step: ``req_id`` verified ``num_drafted`` drafts and accepted the first
@@ -122,18 +119,36 @@ class SpecDecodeScheduling:
             auto.window.popleft()
         if len(auto.window) == self.spec.auto_off_window and sum(auto.window) / len(auto.window) < threshold:
             auto.window.clear()
-            auto.off_until_step = self.step + self.spec.auto_off_probe_steps
+            auto.off_steps_left = self.spec.auto_off_probe_steps
             logger.debug("speculation off for request %s for %d steps (low acceptance)", req_id, self.spec.auto_off_probe_steps)
 
     def is_off(self, req_id: str) -> bool:
         """Whether the auto-off holds ``req_id``'s drafts back now."""
         auto = self._auto.get(req_id)
-        return auto is not None and self.step < auto.off_until_step
+        return auto is not None and auto.off_steps_left > 0
+
+    def after_step(self, request: "Request", scheduler_output: Any, num_emitted: int,
+                   next_drafts: list[list[int]] | None, index: int) -> None:
+        """After ``request``'s tokens of a step are appended: count its verified drafts, roll
+        ``num_computed_tokens`` back by the rejected ones (their KV is overwritten later), and
+        keep the proposer's drafts for its next step."""
+        drafted = len(scheduler_output.scheduled_spec_decode_tokens.get(request.request_id, ()))
+        accepted = max(0, num_emitted - 1)
+        self.record(request.request_id, drafted, accepted)
+        if request.is_finished():
+            return
+        request.num_computed_tokens -= drafted - accepted
+        request.spec_token_ids = list(next_drafts[index]) if next_drafts else []
 
     def forget(self, req_id: str) -> None:
         self._auto.pop(req_id, None)
 
-    def take_stats(self) -> SpecDecodingStats | None:
-        """The counts since the last call (None when nothing was drafted)."""
-        stats, self.stats = self.stats, SpecDecodingStats()
-        return stats if stats.num_drafts else None
+    def totals(self) -> dict[str, Any]:
+        """The counts since start-up (``SchedulerStats.spec_decoding``)."""
+        s = self.stats
+        return {
+            "num_drafts": s.num_drafts,
+            "num_draft_tokens": s.num_draft_tokens,
+            "num_accepted_tokens": s.num_accepted_tokens,
+            "num_accepted_tokens_per_pos": list(s.num_accepted_tokens_per_pos),
+        }

@@ -62,6 +62,7 @@ class ModelRunner:
         self._attn_builder: Any = None
         self._attn_metadata: Any = None  # the last step's (a KV connector's save_kv_layer reads it)
         self.kv_connector: Any = None  # WorkerKVConnector with --kv-transfer-config
+        self.spec_decode: Any = None  # SpecDecodeStep with --speculative-config (spec_decode/verify.py)
         self.lora: Any = None  # WorkerLoRA with --enable-lora
         self.block_size = config.cache.block_size
         if config.compilation.custom_ops is None:  # a config built without EngineArgs
@@ -94,6 +95,11 @@ class ModelRunner:
         self.resident_weight_bytes = weight_bytes(self.model)
         self.sampler = Sampler(draw_kernel=self.platform.sampling_kernel(self.config))
         self._maybe_compile()
+        if getattr(self.config, "speculative", None) is not None:  # docs/speculative.md
+            from host.core.worker.spec_decode.verify import SpecDecodeStep
+
+            self.spec_decode = SpecDecodeStep(self)
+            self.spec_decode.load()
         logger.info(
             "Loaded %s (%s) with attention backend %s",
             self.config.model.architecture,
@@ -151,6 +157,8 @@ class ModelRunner:
                 specs.append(SlidingWindowSpec(self.block_size, self.num_kv_heads, self.head_size, kv_dtype, sliding_window=int(window)))
             else:
                 specs.append(FullAttentionSpec(self.block_size, self.num_kv_heads, self.head_size, kv_dtype))
+        if self.spec_decode is not None:  # a draft model's layers share the block budget
+            specs += self.spec_decode.kv_cache_specs()
         return specs
 
     @property
@@ -178,6 +186,8 @@ class ModelRunner:
         max_blocks = -(-max_model_len // self.block_size)
         self.input_batch = InputBatch(self.config.scheduler.max_num_seqs, max_model_len, max_blocks)
         self.num_blocks = num_blocks
+        if self.spec_decode is not None:
+            self.spec_decode.initialize_kv_cache(num_blocks)
         if getattr(self.config, "kv_transfer", None) is not None:
             from host.core.worker.kv_connector import WorkerKVConnector
 
@@ -385,6 +395,8 @@ class ModelRunner:
 
     def _execute(self, so: SchedulerOutput, non_blocking: bool) -> "ModelRunnerOutput | PendingStep":
         assert self.model is not None and self.attn_backend is not None and self.input_batch is not None
+        if self.spec_decode is not None:
+            return self.spec_decode.execute(so)  # the drafts' verification path
         t_start = time.perf_counter()
         self.staging.next_step()
         self._update_states(so)

@@ -23,6 +23,9 @@ class ModelRunnerOutput:
     # the KV connector's report for this step (host.sdk.KVConnectorOutput), or one per rank
     # (a list) when an executor gathers every worker's; None without a connector
     kv_connector_output: Any = None
+    # --speculative-config: each row's drafts for its next step (like sampled_token_ids; [] for
+    # none), None without speculation
+    spec_token_ids: list[list[int]] | None = None
 
     def get_output(self) -> "ModelRunnerOutput":
         """A finished output is its own step handle (see ``Executor.execute_model``)."""
