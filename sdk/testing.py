@@ -17,6 +17,14 @@ plugin host that sees only host's built-in plugins (no third-party autoload)::
 
 With pytest, add ``pytest_plugins = ["host.sdk.testing"]`` to your ``conftest.py`` and use the
 ``plugin_host`` and ``register_plugin`` fixtures instead.
+
+Each plugin family has a conformance suite here (:mod:`host.sdk.conformance`): subclass it under
+a ``Test...`` name, set the plugin it checks, and pytest runs the family's contract against it::
+
+    from host.sdk.testing import AttentionBackendConformance
+
+    class TestMyBackend(AttentionBackendConformance):
+        backend = MyAttentionBackend
 """
 
 from __future__ import annotations
@@ -29,6 +37,18 @@ from host.core.plugins.manager import PluginHost, get_plugin_host, set_plugin_ho
 from host.core.plugins.records import PluginRecord
 from host.core.plugins.settings import PluginSettings
 from host.hooks.groups import GENERAL_GROUP, GROUPS
+from host.sdk.conformance import (  # noqa: F401 - the suites, re-exported for plugin tests
+    AttentionBackendConformance,
+    EndpointConformance,
+    ExecutorConformance,
+    IOProcessorConformance,
+    KVConnectorConformance,
+    PlatformConformance,
+    QuantizationMethodConformance,
+    ReasoningParserConformance,
+    StatLoggerConformance,
+    ToolParserConformance,
+)
 
 
 def discover_builtins_only(groups: Iterable[str]) -> list[Candidate]:
