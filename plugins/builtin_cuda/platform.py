@@ -67,6 +67,12 @@ class CudaPlatform(Platform):
         model's norms, rotary embedding and SiLU-and-mul run as Triton custom ops (``host::*``,
         traceable by torch.compile)."""
         self.register_quant_kernels()
+        if getattr(config, "lora", None) is not None:  # --enable-lora: the Triton shrink/expand (docs/lora.md)
+            triton_problem = getattr(self, "triton_problem", None)
+            if triton_problem is None or not triton_problem():
+                from host.plugins.triton_ops.lora import register_lora_kernels
+
+                register_lora_kernels(self.device_type)
         if config.compilation.custom_ops:
             from host.plugins.triton_ops.custom_ops import attach_triton_ops
 
