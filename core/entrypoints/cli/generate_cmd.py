@@ -20,23 +20,33 @@ def generate_cmd(
     prompt: list[str] = typer.Argument(..., help="One or more prompts."),
     max_tokens: int = typer.Option(64, "--max-tokens", help="Tokens to generate per prompt."),
     temperature: float = typer.Option(0.0, "--temperature", help="0 means greedy."),
+    lora_modules: Optional[list[str]] = typer.Option(
+        None, "--lora-modules",
+        help='A LoRA adapter (with --enable-lora): NAME=PATH or \'{"name": ..., "path": ...}\'; repeat for more. '
+        "Every prompt runs with each adapter given (docs/lora.md).",
+    ),
     *,
     engine_kwargs: dict[str, Any],
     plugin_flags: dict[str, Any],
 ) -> None:
     """Complete each PROMPT with the model and print the results."""
     from host import LLM, SamplingParams
+    from host.core.lora.modules import lora_requests_from_modules
 
     try:
+        adapters = lora_requests_from_modules(list(lora_modules or []))
+        if adapters and not engine_kwargs.get("enable_lora"):
+            raise ValueError("--lora-modules needs --enable-lora (the engine then reserves the adapter slots)")
         llm = LLM(**plugin_flags, **engine_kwargs)
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature)
-        outputs = llm.generate(list(prompt), params)
+        runs = [(r, p) for r in adapters for p in prompt] if adapters else [(None, p) for p in prompt]
+        outputs = llm.generate([p for _, p in runs], params, lora_request=[r for r, _ in runs])
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2)
-    for out in outputs:
+    for (adapter, _), out in zip(runs, outputs):
         if len(outputs) > 1:
-            typer.echo(f"--- {out.prompt!r}")
+            typer.echo(f"--- {out.prompt!r}" + (f" [{adapter.lora_name}]" if adapter is not None else ""))
         typer.echo(out.prompt + out.outputs[0].text if out.prompt else out.outputs[0].text)
 
 
