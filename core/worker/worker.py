@@ -94,7 +94,8 @@ class Worker:
             # no point holding more than every sequence slot filled to max_model_len (plus the
             # same again for prefix-cache reuse): a tiny model would otherwise get 2 GiB
             runner = self.model_runner
-            token_bytes = 2 * len(runner.kv_layers) * runner.num_kv_heads * runner.head_size * runner.kv_cache_dtype.itemsize
+            # K and V of one token in every KV layer (a draft model's layers included)
+            token_bytes = sum(s.page_size_bytes for s in runner.get_kv_cache_specs()) // runner.block_size
             useful = 2 * self.config.scheduler.max_num_seqs * self.config.scheduler.max_model_len * token_bytes
             return max(0, min(budget, CPU_DEFAULT_KV_BYTES, useful))
         return self._profile_device_memory()

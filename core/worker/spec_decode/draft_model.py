@@ -54,7 +54,7 @@ class _Pass:
 
 class DraftModelProposer(Proposer):
     """Drafts with a separate small model (``speculative_config.model``), loaded with the
-    target's loader, dtype and attention backend selection."""
+    target's loader and dtype, run on the target's attention backend."""
 
     # how many tokens the drafter's input lags the sequence: 0 for a draft model (position q
     # takes token q), 1 for an EAGLE head (position q takes token q + 1 and the target's hidden
@@ -93,10 +93,19 @@ class DraftModelProposer(Proposer):
         )
 
     def _select_backend(self, hf_config: Any) -> Any:
-        from host.core.worker.attention_selector import select_attention_backend
+        """The target's attention backend (the draft's KV tensors are allocated in its layout),
+        when it can run the draft's shapes."""
+        from host.core.worker.attention_selector import attention_requirements
 
         runner = self.runner
-        return select_attention_backend(self.config, runner.platform, hf_config, runner.dtype)
+        backend = runner.attn_backend
+        reason = backend.supports_combination(attention_requirements(self.config, runner.platform, hf_config, runner.dtype))
+        if reason:
+            raise ValueError(
+                f"speculative_config model {self.spec.model!r} cannot run on the target's attention backend "
+                f"{backend.name!r}: {reason}; use a draft whose head size the backend supports"
+            )
+        return backend
 
     def _attach(self, backend: Any) -> None:
         from host.core.models.attention_layer import Attention
@@ -150,11 +159,6 @@ class DraftModelProposer(Proposer):
             for _ in range(self.num_layers)
         ]
 
-    def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
-        """The shape of one draft layer's KV tensor for ``num_blocks`` blocks (the draft's
-        attention backend's layout)."""
-        return tuple(self.attn_backend.get_kv_cache_shape(num_blocks, self.runner.block_size, self.num_kv_heads, self.head_size))
-
     def bind_kv_caches(self, caches: list[torch.Tensor]) -> None:
         if len(caches) != self.num_layers:
             raise ValueError(f"the draft has {self.num_layers} KV layers but {len(caches)} KV tensors were bound")
@@ -170,6 +174,8 @@ class DraftModelProposer(Proposer):
         if len(batch.inputs.req_ids) == 0:
             return drafts
         catch_up, last_index, budget, hidden_in = self._catch_up(batch)
+        if len(catch_up.positions) == 0:
+            return drafts
         out = self._run(catch_up, hidden_in)
         drafting = np.flatnonzero(budget > 0)  # batch requests that get drafts
         if len(drafting) == 0:
@@ -177,7 +183,7 @@ class DraftModelProposer(Proposer):
         device = out.device
         out = out[torch.from_numpy(last_index[drafting]).to(device)]
         tokens = self._greedy(out)
-        rows = catch_up.rows[self._catch_up_slot(batch)[drafting]]
+        rows = np.asarray(batch.inputs.rows, dtype=np.int64)[self._catch_up_slot(batch)[drafting]]
         next_pos = catch_up.positions[last_index[drafting]] + 1
         left = budget[drafting]
         live = np.arange(len(drafting))
@@ -226,9 +232,9 @@ class DraftModelProposer(Proposer):
             # the last position whose KV may be written: inside the request's blocks and max_model_len
             writable = min(int(persistent.num_blocks[row]) * bs, max_len) - 1
             j = emitted.get(r)
-            if j is None:  # a prefill chunk short of its prompt's end
+            if j is None:  # a prefill chunk short of its prompt's end (or a request drafting nothing)
                 tokens = persistent.token_ids[row]
-                end = p0 + n - 1
+                end = min(p0 + n - 1, int(persistent.num_tokens[row]) - 1 - shift)
             else:
                 tokens = np.asarray(batch.token_ids[j], dtype=np.int64)
                 length = len(tokens)
@@ -236,16 +242,17 @@ class DraftModelProposer(Proposer):
                 if end == length - 1 - shift:
                     # the i-th draft is read at position end + i - 1, whose KV the last forward writes
                     budget[j] = max(0, min(self.k, writable - end + 1))
-            counts.append(end - p0 + 1)
+            counts.append(max(0, end - p0 + 1))
             positions.append(np.arange(p0, end + 1, dtype=np.int64))
             ids.append(tokens[p0 + shift : end + 1 + shift])
             hidden_rows.append(np.arange(start, start + end - p0 + 1, dtype=np.int64))
         counts_a = np.array(counts, dtype=np.int64)
+        ran = counts_a > 0  # a request with nothing to catch up on is left out of the pass
         catch_up = _Pass(
-            rows=np.asarray(inputs.rows, dtype=np.int64), counts=counts_a,
+            rows=np.asarray(inputs.rows, dtype=np.int64)[ran], counts=counts_a[ran],
             positions=np.concatenate(positions), input_ids=np.concatenate(ids).astype(np.int64),
         )
-        last = np.cumsum(counts_a) - 1
+        last = np.cumsum(counts_a) - 1  # a drafting request always ran: its index is valid
         last_index = last[slot_of] if len(slot_of) else np.zeros(0, dtype=np.int64)
         hidden_in = None
         if shift:

@@ -164,7 +164,7 @@ class SpecDecodeStep:
             if sp.max_tokens is not None and len(state.output_token_ids) + 1 >= sp.max_tokens:
                 continue  # at most one token left: nothing to draft for
             which.append(i)
-        if not which:
+        if not which and not self.kv_cache_specs():  # a proposer with KV catches up on every step
             self._draft_probs = {}
             return spec_token_ids
         rows = np.array(which, dtype=np.int64)

@@ -13,13 +13,14 @@
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from helpers import hf_model
+from helpers import hf_greedy, hf_model
 
 # -- a random head on disk and a plain torch reference of its math (RMSNorm, rotate-half RoPE,
 # grouped-query causal attention, SiLU-GLU over one sequence), written from the math in
@@ -202,3 +203,58 @@ def test_bad_head_directories(target, tmp_path):
     save_file({k: v for k, v in weights.items() if "k_proj" not in k}, str(tmp_path / "partial" / "model.safetensors"))
     with pytest.raises(ValueError, match="partial.*qkv_proj"):
         load(tmp_path / "partial")
+
+
+# -- in the engine ---------------------------------------------------------------------------------
+
+K = 3
+MAX_NEW = 8
+ENGINE = dict(skip_tokenizer_init=True, max_num_batched_tokens=64, max_num_seqs=16, enable_prefix_caching=True)
+
+
+def prompts_of(n: int, seed: int = 0) -> list[list[int]]:
+    """``n`` prompts of 3-40 tokens; a third share a 20-token prefix (prefix-cache hits)."""
+    rng = random.Random(seed)
+    shared = [rng.randrange(3, 300) for _ in range(20)]
+    return [(shared if i % 3 == 0 else []) + [rng.randrange(3, 300) for _ in range(rng.randrange(3, 21))] for i in range(n)]
+
+
+def generate(llm: Any, prompts: list[list[int]]) -> list[list[int]]:
+    from host import SamplingParams
+
+    params = SamplingParams(max_tokens=MAX_NEW, temperature=0.0, ignore_eos=True)
+    return [list(o.outputs[0].token_ids) for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
+
+
+def test_eagle_in_the_engine(target, tmp_path):
+    from host import LLM
+    from host.core.worker.spec_decode.eagle import EagleProposer
+
+    path, _, hf_config, hf = target
+    weights = make_head(tmp_path / "head", hf_config, seed=7)
+    prompts = prompts_of(32)
+    reference = generate(LLM(model=str(path), **ENGINE), prompts)
+    assert [hf_greedy(hf, p, MAX_NEW) for p in prompts[:3]] == reference[:3]
+    llm = LLM(model=str(path), speculative_config={"method": "eagle", "model": str(tmp_path / "head"), "num_speculative_tokens": K},
+              **ENGINE)
+    proposer = llm.engine.executor.worker.model_runner.spec_decode.proposer
+    assert isinstance(proposer, EagleProposer)
+    seen: list[tuple[list[int], list[int]]] = []
+    propose = proposer.propose
+
+    def recording(batch):
+        drafts = propose(batch)
+        seen.extend(([int(t) for t in tokens], list(d)) for tokens, d in zip(batch.token_ids, drafts) if d)
+        return drafts
+
+    proposer.propose = recording
+    assert generate(llm, prompts) == reference
+    manager = llm.engine.kv_cache_manager
+    assert not llm.engine.scheduler.requests and not manager.req_to_blocks
+    assert manager.block_pool.get_num_free_blocks() == manager.num_blocks - 1
+    # the head's KV layer joins the target's in the block size
+    assert len(llm.engine.kv_cache_config.kv_cache_specs) == hf_config.num_hidden_layers + 1
+    assert len(seen) > 32 and all(len(d) <= K for _, d in seen)
+    cfg = proposer.hf_config
+    for tokens, drafts in random.Random(0).sample(seen, 16):
+        assert drafts == reference_drafts(weights, cfg, hf, tokens, len(drafts)), f"after {len(tokens)} tokens"
