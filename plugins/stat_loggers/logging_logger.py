@@ -29,6 +29,7 @@ class LoggingStatLogger(StatLogger):
         self.queries = self.hits = 0
         self.last_scheduler_stats: Any = None
         self._was_busy = False
+        self._spec_at_last_line: dict[str, Any] = {}  # speculative decoding's totals at the last line
 
     def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
         if scheduler_stats is not None:
@@ -58,12 +59,28 @@ class LoggingStatLogger(StatLogger):
             f"Running: {running} reqs, Waiting: {waiting} reqs, "
             + (f"Preemptions: {self.preemptions}, " if self.preemptions else "")
             + f"KV cache usage: {usage * 100:.1f}%, Prefix cache hit rate: {hit_rate * 100:.1f}%"
+            + self._spec_text(s)
         )
         busy = bool(self.prompt_tokens or self.generation_tokens or running or waiting)
         self.last_log = now
         self.prompt_tokens = self.generation_tokens = self.preemptions = 0
         self.queries = self.hits = 0
         return text, busy
+
+    def _spec_text(self, s: Any) -> str:
+        """``, Spec decode: ...`` for the interval (acceptance rate = accepted / drafted tokens,
+        mean accepted length = 1 + accepted / drafts, as vLLM's); "" without speculation or drafts."""
+        totals = getattr(s, "spec_decoding", None) if s is not None else None
+        if not totals:
+            return ""
+        last, self._spec_at_last_line = self._spec_at_last_line, dict(totals)
+        drafts = totals["num_drafts"] - last.get("num_drafts", 0)
+        drafted = totals["num_draft_tokens"] - last.get("num_draft_tokens", 0)
+        accepted = totals["num_accepted_tokens"] - last.get("num_accepted_tokens", 0)
+        if drafts <= 0:
+            return ""
+        return (f", Spec decode: acceptance rate {accepted / max(drafted, 1) * 100:.1f}%, "
+                f"mean accepted length {1 + accepted / drafts:.2f}, drafts {drafts}")
 
     def log(self) -> None:
         text, busy = self.line()

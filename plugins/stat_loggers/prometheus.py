@@ -7,9 +7,9 @@ dashboard built for vLLM works once the prefix matches (``--metrics-prefix vllm`
 for vLLM. Every series has the labels ``model_name`` and ``engine``, except
 ``cache_config_info``, which has the cache settings and ``engine``, as in vLLM.
 
-vLLM metrics this exporter does not make: what host has no feature for (speculative decoding,
-LoRA, KV connectors, multimodal caches, sleep mode, corrupted requests) and the deprecated
-names. Three names are host's own: ``prefix_cache_hit_rate`` (hits / queries since start-up),
+vLLM metrics this exporter does not make: what host has no feature for (LoRA, multimodal
+caches, sleep mode, corrupted requests) and the deprecated names. The speculative-decoding
+counters exist only for an engine started with ``--speculative-config``. Three names are host's own: ``prefix_cache_hit_rate`` (hits / queries since start-up),
 ``num_requests_in_flight`` (prompts the API server is serving) and ``model_weights_bytes`` (what
 the weights occupy, labelled with the quantization method).
 """
@@ -44,6 +44,13 @@ KV_CONNECTOR_COUNTERS = {
 }
 """The known ``SchedulerStats.kv_connector_stats`` keys, each a ``<prefix>:kv_connector_<key>_total``
 counter; any other key a connector reports goes to ``<prefix>:kv_connector_other_total{stat=...}``."""
+SPEC_DECODE_COUNTERS = {
+    "num_drafts": "Number of spec decoding drafts.",
+    "num_draft_tokens": "Number of draft tokens.",
+    "num_accepted_tokens": "Number of accepted tokens.",
+}
+"""``SchedulerStats.spec_decoding`` totals, each a ``<prefix>:spec_decode_<key>_total`` counter (vLLM's
+names); ``num_accepted_tokens_per_pos`` becomes ``spec_decode_num_accepted_tokens_per_pos_total{position}``."""
 
 
 _FAMILIES: "weakref.WeakKeyDictionary[CollectorRegistry, dict[str, Any]]" = weakref.WeakKeyDictionary()
@@ -130,6 +137,16 @@ class PrometheusStatLogger(StatLogger):
             self._kv_other = _family(
                 Counter, f"{prefix}:kv_connector_other", "A KV connector's own counters, by name (host's own).",
                 labels + ["stat"], registry=self.registry,
+            )
+        # speculative decoding's totals (SchedulerStats.spec_decoding), vLLM's names: only for an
+        # engine with --speculative-config
+        self.spec_counters: dict[str, Any] = {}
+        self._spec_per_pos: Any = None
+        if getattr(ctx.config, "speculative", None) is not None:
+            self.spec_counters = {key: counter(f"spec_decode_{key}", doc) for key, doc in SPEC_DECODE_COUNTERS.items()}
+            self._spec_per_pos = _family(
+                Counter, f"{prefix}:spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft position.",
+                labels + ["position"], registry=self.registry,
             )
         self._totals: dict[str, int] = {}  # the last totals seen (the engine sends totals, counters take increments)
         self.generation_tokens = counter("generation_tokens", "Number of generation tokens processed.")
@@ -223,6 +240,12 @@ class PrometheusStatLogger(StatLogger):
                 for key, total in (getattr(s, "kv_connector_stats", None) or {}).items():
                     metric = self.kv_counters.get(key) or self._kv_other.labels(*self._values, key)
                     self._add_total(f"kv:{key}", total, metric)
+            spec = getattr(s, "spec_decoding", None)
+            if spec and self._spec_per_pos is not None:
+                for key, metric in self.spec_counters.items():
+                    self._add_total(f"spec:{key}", int(spec.get(key, 0)), metric)
+                for pos, total in enumerate(spec.get("num_accepted_tokens_per_pos", ())):
+                    self._add_total(f"spec:pos{pos}", int(total), self._spec_per_pos.labels(*self._values, str(pos)))
         it = iteration_stats
         if it is None:
             return

@@ -8,7 +8,9 @@ and to the end; TPOT is (end - first token) / (output tokens - 1). Output tokens
 server's ``usage`` when it reports one, else from the number of streamed chunks. Prints the
 request throughput, output tokens/s and mean / p50 / p90 / p99 of TTFT, ITL, TPOT and
 end-to-end latency, and writes them to a JSON file. The run is bounded: a fixed number of
-requests, each with a timeout.
+requests, each with a timeout. A server with speculative decoding (its ``/metrics`` has the
+``spec_decode_*`` counters) also gets the run's drafts, acceptance rate, mean accepted length and
+accepted tokens per draft position, from the counters' change over the run.
 """
 
 from __future__ import annotations
@@ -163,6 +165,56 @@ async def _run(args: dict[str, Any], prompts: list[str]) -> tuple[list[dict[str,
     return results, duration
 
 
+SPEC_KEYS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+
+
+def spec_decode_counters(text: str) -> dict[str, Any] | None:
+    """The ``*:spec_decode_*_total`` counters of a ``/metrics`` page (any prefix; summed over
+    engines), or None when the server has none."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    found: dict[str, Any] = {key: 0.0 for key in SPEC_KEYS} | {"per_pos": {}}
+    seen = False
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            name = s.name.split(":", 1)[-1]
+            if not name.startswith("spec_decode_") or not name.endswith("_total"):
+                continue
+            key = name.removeprefix("spec_decode_").removesuffix("_total")
+            seen = True
+            if key == "num_accepted_tokens_per_pos":
+                pos = int(s.labels.get("position", 0))
+                found["per_pos"][pos] = found["per_pos"].get(pos, 0.0) + s.value
+            elif key in SPEC_KEYS:
+                found[key] += s.value
+    return found if seen else None
+
+
+def spec_decode_report(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What the run added to the counters: drafts, draft and accepted tokens, the acceptance
+    rate (accepted / drafted), the mean accepted length (1 + accepted / drafts, vLLM's) and the
+    accepted tokens per draft position; None without speculation."""
+    if after is None:
+        return None
+    before = before or {key: 0.0 for key in SPEC_KEYS} | {"per_pos": {}}
+    delta = {key: int(after[key] - before[key]) for key in SPEC_KEYS}
+    positions = sorted(after["per_pos"])
+    delta["accepted_per_pos"] = [int(after["per_pos"][p] - before["per_pos"].get(p, 0.0)) for p in positions]
+    delta["acceptance_rate"] = delta["num_accepted_tokens"] / delta["num_draft_tokens"] if delta["num_draft_tokens"] else 0.0
+    delta["mean_accepted_length"] = 1 + delta["num_accepted_tokens"] / delta["num_drafts"] if delta["num_drafts"] else 1.0
+    return delta
+
+
+def _scrape_spec(base_url: str, api_key: str | None) -> dict[str, Any] | None:
+    import httpx
+
+    try:
+        r = httpx.get(base_url.rstrip("/") + "/metrics", headers={"Authorization": f"Bearer {api_key}"} if api_key else {}, timeout=30)
+        return spec_decode_counters(r.text) if r.status_code == 200 else None
+    except Exception:  # noqa: BLE001 - a peer server without /metrics: no spec report
+        return None
+
+
 @bench_app.command("serve")
 def bench_serve(
     base_url: str = typer.Option("http://127.0.0.1:8000", "--base-url", help="Server to load."),
@@ -201,7 +253,9 @@ def bench_serve(
         base_url=base_url, model=model, endpoint=endpoint, output_len=output_len, concurrency=concurrency,
         request_rate=request_rate, temperature=temperature, ignore_eos=ignore_eos, seed=seed, timeout=timeout, api_key=api_key,
     )
+    spec_before = _scrape_spec(base_url, api_key)
     results, duration = asyncio.run(_run(args, prompts))
+    spec = spec_decode_report(spec_before, _scrape_spec(base_url, api_key))
     ok = [r for r in results if r["ok"]]
     failed = [r for r in results if not r["ok"]]
     out_tokens = sum(r["output_tokens"] for r in ok)
@@ -230,11 +284,17 @@ def bench_serve(
         "output_tokens_per_s": out_tokens / duration,
         **metrics,
     }
+    if spec is not None:
+        report["spec_decode"] = spec
     typer.echo(f"\n{label} at {base_url} ({model}): {len(ok)}/{len(results)} requests in {duration:.1f} s")
     typer.echo(f"  request throughput {report['request_throughput']:.2f} req/s, output {report['output_tokens_per_s']:.1f} tok/s ({out_tokens} tokens)")
     for name, key in (("TTFT", "ttft_s"), ("ITL", "itl_s"), ("TPOT", "tpot_s"), ("E2E", "e2e_s")):
         s = metrics[key]
         typer.echo(f"  {name:5s} ms: mean {1000 * s['mean']:.1f}  p50 {1000 * s['p50']:.1f}  p90 {1000 * s['p90']:.1f}  p99 {1000 * s['p99']:.1f}")
+    if spec is not None:
+        typer.echo(f"  spec decode: {spec['num_drafts']} drafts, {spec['num_accepted_tokens']}/{spec['num_draft_tokens']} draft tokens "
+                   f"accepted ({100 * spec['acceptance_rate']:.1f}%), mean accepted length {spec['mean_accepted_length']:.2f}, "
+                   f"accepted per position {spec['accepted_per_pos']}")
     if failed:
         typer.echo(f"  {len(failed)} failed, e.g. {report['errors'][:2]}", err=True)
     path = Path(result_file or Path("bench") / "results" / f"serve-{label}-{time.strftime('%Y%m%d-%H%M%S')}.json")
