@@ -134,6 +134,29 @@ def _list_server_plugins(server: str, as_json: bool) -> None:
     console.print(table)
 
 
+@plugins_app.command("new")
+def new_plugin(
+    name: str = typer.Argument(..., help="The plugin's name: the entry point, the Python package (with _) and the distribution (with -)."),
+    group: str = typer.Option(..., "--group", help=f"The plugin family, with or without 'host.': {', '.join(GROUPS)}."),
+    directory: str = typer.Option(".", "--dir", help="Where to create the package directory NAME/."),
+) -> None:
+    """Write a pip-installable plugin package NAME/: a working minimal plugin of the family, its
+    entry point, a README, and tests running the family's conformance suite."""
+    from pathlib import Path
+
+    from host.core.entrypoints.cli.plugin_template import write_plugin
+
+    try:
+        files = write_plugin(name, group, Path(directory))
+    except ValueError as exc:
+        typer.echo(f"host plugins new: {exc}", err=True)
+        raise typer.Exit(2) from None
+    root = files[0].parent
+    for path in files:
+        typer.echo(f"  wrote {path}")
+    typer.echo(f"next: pip install -e {root} && pytest {root / 'tests'} && host plugins list")
+
+
 @plugins_app.command("check", cls=GroupedHelpCommand)
 @with_plugin_flags
 def check_plugins(*, plugin_flags: dict[str, Any]) -> None:
