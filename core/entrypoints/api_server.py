@@ -59,6 +59,10 @@ class ServerSettings:
     enable_tokenizer_info_endpoint: bool = False  # --enable-tokenizer-info-endpoint: GET /tokenizer_info
     enable_server_load_tracking: bool = False  # --enable-server-load-tracking: GET /load
     disable_fastapi_docs: bool = False  # --disable-fastapi-docs: no /docs, /redoc, /openapi.json
+    # LoRA (docs/lora.md): --lora-modules name=path (or JSON) served at start; the opt-in for
+    # POST /v1/load_lora_adapter and /v1/unload_lora_adapter (else 404)
+    lora_modules: list[str] = field(default_factory=list)
+    enable_lora_runtime_updates: bool = False
     # --allowed-origins / --allowed-methods / --allowed-headers / --allow-credentials: CORS headers
     # (starlette's CORSMiddleware keywords); None sends none (vLLM sends them for any origin)
     cors: dict[str, Any] | None = None

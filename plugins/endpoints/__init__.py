@@ -1,7 +1,7 @@
 """Built-in HTTP routes (entry point ``host.endpoints: builtin_endpoints``): the OpenAI API
 (``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``) and the server routes
 (``/tokenize``, ``/detokenize``, ``/tokenizer_info``, ``/health``, ``/version``, ``/load``, ``/metrics``,
-``/v1/plugins``) and SageMaker's ``/invocations``,
+``/v1/plugins``), SageMaker's ``/invocations`` and the LoRA adapter registry with its load/unload routes,
 each an :class:`host.sdk.EndpointPlugin` registered exactly as a third-party one would be."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from host.sdk import hookimpl
 def host_register_endpoints(register: Callable[..., None]) -> None:
     from host.plugins.endpoints.chat import ChatCompletionsEndpoint
     from host.plugins.endpoints.completions import CompletionsEndpoint
+    from host.plugins.endpoints.lora_routes import LoRAAdaptersEndpoint
     from host.plugins.endpoints.sagemaker import InvocationsEndpoint
     from host.plugins.endpoints.server_routes import (
         HealthEndpoint,
@@ -37,5 +38,6 @@ def host_register_endpoints(register: Callable[..., None]) -> None:
         LoadEndpoint(),
         MetricsEndpoint(),
         PluginsEndpoint(),
+        LoRAAdaptersEndpoint(),
     ):
         register(plugin)

@@ -31,6 +31,7 @@ from host.plugins.endpoints.common import (
     sse,
     tokenizer_process,
 )
+from host.plugins.endpoints.lora_registry import lora_request_for
 from host.plugins.endpoints.openai_common import (
     ChoiceCursor,
     ResponseShape,
@@ -162,7 +163,7 @@ async def create_chat_completion(body: ChatCompletionRequest, raw: Request) -> A
     engine.admit()
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
-    (gen,) = generations(engine, body, params, [(text, ids)], request_id, body.deadline())
+    (gen,) = generations(engine, body, params, [(text, ids)], request_id, body.deadline(), lora_request_for(raw.app.state, model))
     if body.stream:
         return StreamingResponse(_stream_chat(gen, request_id, created, model, top, tokenizer, shape, parsing), media_type="text/event-stream")
     result = await run_to_end(raw, gen)

@@ -145,12 +145,17 @@ def engine_of(raw: Request) -> Any:
 
 
 def check_model(raw: Request, model: str | None) -> str:
-    """The served model name a request addresses (404 for an unknown one)."""
+    """The served model name a request addresses: a base model name or a LoRA adapter's
+    (:mod:`.lora_registry`; 404 for an unknown one)."""
     names = raw.app.state.served_model_names
     if model is None or model == "":
         return names[0]
     if model not in names:
-        raise APIError(404, f"The model `{model}` does not exist; this server serves {', '.join(names)}.", "NotFoundError", "model")
+        registry = getattr(raw.app.state, "lora_registry", None)
+        if registry is not None and registry.get(model) is not None:
+            return model
+        served = names + [a.lora_request.lora_name for a in (registry.adapters() if registry is not None else [])]
+        raise APIError(404, f"The model `{model}` does not exist; this server serves {', '.join(served)}.", "NotFoundError", "model")
     return model
 
 

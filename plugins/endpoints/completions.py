@@ -38,6 +38,7 @@ from host.plugins.endpoints.common import (
     sse,
     tokenizer_process,
 )
+from host.plugins.endpoints.lora_registry import lora_request_for
 from host.plugins.endpoints.openai_common import (
     ChoiceCursor,
     ResponseShape,
@@ -149,7 +150,7 @@ async def create_completion(body: CompletionRequest, raw: Request) -> Any:
     request_id = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     deadline = body.deadline()
-    gens = generations(engine, body, params, prompts, request_id, deadline)
+    gens = generations(engine, body, params, prompts, request_id, deadline, lora_request_for(raw.app.state, model))
     shape = _Shape(body, echo, raw.app.state.settings, tokenizer)
     if body.stream:
         return StreamingResponse(_stream_completion(gens, request_id, created, model, params.n, shape), media_type="text/event-stream")

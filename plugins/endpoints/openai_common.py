@@ -276,17 +276,20 @@ def error_event(exc: BaseException) -> str:
 
 
 def generations(engine: Any, body: Any, params: Any, prompts: list[tuple[str | None, list[int]]], request_id: str,
-                deadline: float | None) -> list[AsyncIterator[Any]]:
+                deadline: float | None, lora_request: Any = None) -> list[AsyncIterator[Any]]:
     """One stream of ``RequestOutput`` snapshots per ``(text, ids)`` prompt, ids ``<request_id>-<i>``:
-    the engine's generation, or with ``use_beam_search`` the beam search's one finished output
-    (``n`` beams returned, ``best_of`` kept). Sampling settings beam search cannot honour are a
-    400 naming them."""
+    the engine's generation (with the LoRA adapter ``model`` named, ``lora_request``), or with
+    ``use_beam_search`` the beam search's one finished output (``n`` beams returned, ``best_of``
+    kept). Sampling settings beam search cannot honour are a 400 naming them."""
     if not body.use_beam_search:
         return [
             engine.generate(ids, params, f"{request_id}-{i}", prompt=text, priority=body.priority, deadline=deadline,
-                            kv_transfer_params=body.kv_transfer_params)
+                            kv_transfer_params=body.kv_transfer_params, lora_request=lora_request)
             for i, (text, ids) in enumerate(prompts)
         ]
+    if lora_request is not None:
+        raise APIError(400, f"use_beam_search is not supported with a LoRA adapter (model={lora_request.lora_name!r}); "
+                       "sample without beam search, or search on the base model", param="use_beam_search")
     try:
         beam = BeamSearchParams.from_sampling_params(
             params, length_penalty=body.length_penalty, early_stopping=body.early_stopping, best_of=getattr(body, "best_of", None),

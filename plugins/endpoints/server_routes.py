@@ -1,4 +1,5 @@
-"""The non-generation routes, as endpoint plugins: ``/v1/models``, ``/tokenize`` and
+"""The non-generation routes, as endpoint plugins: ``/v1/models`` (the base model's names, then
+each LoRA adapter with its ``parent``), ``/tokenize`` and
 ``/detokenize``, ``/tokenizer_info`` (with ``--enable-tokenizer-info-endpoint``), ``/health`` and
 ``/version``, ``/load`` (with ``--enable-server-load-tracking``), ``/metrics`` (Prometheus) and
 ``/v1/plugins`` (what ``host plugins list --json`` prints, for every process of this server: the
@@ -42,14 +43,18 @@ class ModelsEndpoint(EndpointPlugin):
             state = raw.app.state
             created = int(state.started_at)
             root = state.served_model_names[0]  # the served name, never the local path it resolved to
-            return JSONResponse({
-                "object": "list",
-                "data": [
-                    {"id": name, "object": "model", "created": created, "owned_by": "host",
-                     "root": root, "parent": None, "max_model_len": state.max_model_len, "permission": []}
-                    for name in state.served_model_names
-                ],
-            })
+            data = [
+                {"id": name, "object": "model", "created": created, "owned_by": "host",
+                 "root": root, "parent": None, "max_model_len": state.max_model_len, "permission": []}
+                for name in state.served_model_names
+            ]
+            registry = getattr(state, "lora_registry", None)
+            for adapter in registry.adapters() if registry is not None else []:  # as vLLM lists them
+                lora = adapter.lora_request
+                data.append({"id": lora.lora_name, "object": "model", "created": created, "owned_by": "host",
+                             "root": lora.lora_path, "parent": adapter.parent, "max_model_len": state.max_model_len,
+                             "permission": []})
+            return JSONResponse({"object": "list", "data": data})
 
         app.include_router(router)
 

@@ -106,6 +106,14 @@ def serve_cmd(
         False, "--enable-server-load-tracking", help="Serve GET /load: the number of requests in flight."
     ),
     disable_fastapi_docs: bool = typer.Option(False, "--disable-fastapi-docs", help="Serve no /docs, /redoc or /openapi.json."),
+    lora_modules: Optional[list[str]] = typer.Option(
+        None, "--lora-modules",
+        help='A LoRA adapter served as model NAME (with --enable-lora): NAME=PATH or \'{"name": ..., "path": ..., "base_model_name": ...}\'; repeat for more.',
+    ),
+    enable_lora_runtime_updates: bool = typer.Option(
+        False, "--enable-lora-runtime-updates", envvar="HOST_ALLOW_RUNTIME_LORA_UPDATING",
+        help="Serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (else 404).",
+    ),
     uvicorn_log_level: Optional[str] = typer.Option(None, "--uvicorn-log-level", help="uvicorn's log level (default: --log-level)."),
     disable_uvicorn_access_log: bool = typer.Option(False, "--disable-uvicorn-access-log", help="No access-log line per request."),
     root_path: Optional[str] = typer.Option(None, "--root-path", help="The path prefix a proxy serves this server under (ASGI root_path)."),
@@ -167,6 +175,7 @@ def serve_cmd(
                           "enable_tokenizer_info_endpoint": enable_tokenizer_info_endpoint,
                           "enable_server_load_tracking": enable_server_load_tracking,
                           "disable_fastapi_docs": disable_fastapi_docs,
+                          "lora_modules": list(lora_modules or []), "enable_lora_runtime_updates": enable_lora_runtime_updates,
                           "cors": cors_settings(allowed_origins, allowed_methods, allowed_headers, allow_credentials)},
         )
     except (ValueError, RuntimeError) as exc:
