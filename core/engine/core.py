@@ -55,7 +55,7 @@ class EngineCore:
         self.scheduler = Scheduler(
             config.scheduler, config.cache, self.kv_cache_manager, send_token_ids=pipelined,
             kv_connector=self.kv_connector, kv_transfer_config=config.kv_transfer,
-            steps_in_flight=pipelined or bool(config.scheduler.async_scheduling),
+            steps_in_flight=pipelined or bool(config.scheduler.async_scheduling), lora_config=config.lora,
             speculative_config=getattr(config, "speculative", None),
         )
         # every rank reports its own shard's transfers; a request is done once all have

@@ -28,6 +28,7 @@ from host.core.kv_cache.block_pool import KVCacheBlock
 from host.core.kv_cache.hashing import make_block_hasher
 from host.core.kv_cache.manager import KVCacheManager
 from host.core.scheduler.kv_transfer import KVTransferState
+from host.core.scheduler.lora_admission import LoRAAdmission
 from host.core.scheduler.output import CachedRequestData, NewRequestData, SchedulerOutput
 from host.core.scheduler.policy import create_request_queue
 from host.core.scheduler.request import Request, RequestStatus
@@ -57,6 +58,7 @@ class Scheduler:
         kv_connector: Any = None,
         kv_transfer_config: Any = None,
         steps_in_flight: bool = False,
+        lora_config: Any = None,
         speculative_config: Any = None,
     ) -> None:
         if cache_config.block_size != kv_cache_manager.block_size:
@@ -105,6 +107,8 @@ class Scheduler:
         # pipeline parallelism: the first stage never sees sampled tokens, so the plan carries
         # each running request's input tokens (CachedRequestData.new_token_ids)
         self.send_token_ids = send_token_ids
+        # --enable-lora: the running requests use at most max_loras adapters (lora_admission.py)
+        self.lora_admission = LoRAAdmission(lora_config.max_loras) if lora_config is not None else None
         # --speculative-config: draft trimming, rollback, acceptance counts (spec_decode.py)
         self.spec_decode = SpecDecodeScheduling(speculative_config, self.max_model_len) if speculative_config is not None else None
 
@@ -279,6 +283,8 @@ class Scheduler:
 
         # 2. waiting requests (not in a step that had to preempt: memory is short)
         skipped: list[Request] = []  # still compiling their grammar: stay queued, in order
+        if self.lora_admission is not None:
+            self.lora_admission.begin(self.running)
         if not preempted:
             while (self.waiting and token_budget > 0 and len(self.running) < self.max_num_running_reqs
                    and len(num_scheduled) < req_limit):
@@ -295,6 +301,9 @@ class Scheduler:
                         self._fail_request(request, request.structured_output.error)
                         continue
                     request.status = RequestStatus.WAITING
+                if self.lora_admission is not None and not self.lora_admission.admits(request):
+                    skipped.append(self.waiting.pop_request())  # one adapter too many: waits in place
+                    continue
                 num_ext, load_async = 0, False
                 if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
                     loaded = self.kv_transfer.ready(request)
@@ -350,6 +359,8 @@ class Scheduler:
                     request.num_cached_tokens = num_hit
                 request.status = RequestStatus.RUNNING
                 self.running.append(request)
+                if self.lora_admission is not None:
+                    self.lora_admission.admit(request)
                 scheduled_new.append(request)
                 self._events.setdefault(request.request_id, []).append(EngineCoreEvent(EVENT_SCHEDULED, time.monotonic()))
                 num_scheduled[request.request_id] = num_new

@@ -1,0 +1,52 @@
+"""The ``max_loras`` cap: the running requests never use more than ``max_loras`` distinct adapters.
+
+The worker holds ``max_loras`` adapter slots on the device, and every adapter a step uses must
+sit in one (core/lora/slots.py). The scheduler keeps that true at admission: a waiting request
+whose adapter is not among the running ones waits while the running ones already use
+``max_loras`` adapters. It stays in the waiting queue, in its place (it is not failed, and the
+requests behind it that fit, base-model ones among them, are admitted past it); it is admitted
+once a running request's end frees an adapter. Base-model requests are never held back by
+this.
+
+An adapter is its ``(lora_int_id, digest)``, the key of the worker's slots: an adapter reloaded
+with changed weights under the same id is a different one while requests of both run.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Hashable, Iterable
+
+if TYPE_CHECKING:
+    from host.core.scheduler.request import Request
+
+
+def adapter_key(request: "Request") -> Hashable | None:
+    """The adapter ``request`` runs with (its slot key), ``None`` for the base model."""
+    lora = request.lora_request
+    return None if lora is None else (lora.lora_int_id, lora.digest)
+
+
+class LoRAAdmission:
+    """One step's view of the adapters in use: :meth:`begin` with the running requests, then
+    :meth:`admits` / :meth:`admit` for each waiting request the step considers."""
+
+    def __init__(self, max_loras: int) -> None:
+        if not isinstance(max_loras, int) or max_loras < 1:
+            raise ValueError(f"max_loras={max_loras!r} must be an integer >= 1 (--max-loras)")
+        self.max_loras = max_loras
+        self.active: set[Hashable] = set()
+
+    def begin(self, running: Iterable["Request"]) -> None:
+        """Start a step's admissions: the adapters of the requests running now."""
+        self.active = {k for k in map(adapter_key, running) if k is not None}
+
+    def admits(self, request: "Request") -> bool:
+        """Whether ``request`` may join the running ones without a ``max_loras + 1``-th adapter."""
+        key = adapter_key(request)
+        return key is None or key in self.active or len(self.active) < self.max_loras
+
+    def admit(self, request: "Request") -> None:
+        """``request`` joined the running ones: its adapter is in use."""
+        key = adapter_key(request)
+        if key is not None:
+            self.active.add(key)
