@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from host.sdk.lora import LoRARequest, read_adapter
+from host.sdk.lora import LoRARequest, lora_requests_from_modules, read_adapter
 
 
 @dataclass(frozen=True)
@@ -28,30 +28,15 @@ class ServedAdapter:
     parent: str
 
 
-def parse_lora_module(text: str) -> dict[str, str | None]:
-    """One ``--lora-modules`` value: ``name=path`` or a JSON object with ``name``, ``path`` and
-    optionally ``base_model_name``; a ValueError names a malformed one and both forms."""
-    forms = "use name=/path/to/adapter or '{\"name\": \"sql\", \"path\": \"/path/to/adapter\"}'"
-    text = text.strip()
-    if text.startswith("{"):
-        try:
-            spec = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"--lora-modules {text!r} is not valid JSON ({exc}); {forms}") from None
-        unknown = sorted(set(spec) - {"name", "path", "base_model_name"})
-        if unknown:
-            raise ValueError(f"--lora-modules {text!r} has unknown keys {unknown}; known keys: name, path, base_model_name")
-        name, path, base = spec.get("name"), spec.get("path"), spec.get("base_model_name")
-        if not isinstance(name, str) or not isinstance(path, str) or not (base is None or isinstance(base, str)):
-            raise ValueError(f"--lora-modules {text!r} needs string name and path (and base_model_name); {forms}")
-    else:
-        name, sep, path = text.partition("=")
-        if not sep:
-            raise ValueError(f"--lora-modules {text!r} is not name=path; {forms}")
-        name, path, base = name.strip(), path.strip(), None
-    if not name or not path:
-        raise ValueError(f"--lora-modules {text!r} has an empty name or path; {forms}")
-    return {"name": name, "path": path, "base_model_name": base}
+def base_model_name(text: str) -> str | None:
+    """The ``base_model_name`` of a ``--lora-modules`` value in vLLM's JSON form (``None``: the
+    first served name); the value's grammar is checked by ``lora_requests_from_modules``."""
+    if not text.strip().startswith("{"):
+        return None
+    base = json.loads(text).get("base_model_name")
+    if base is not None and not isinstance(base, str):
+        raise ValueError(f"--lora-modules {text!r}: base_model_name={base!r} must be a model name")
+    return base
 
 
 class LoRARegistry:
@@ -125,11 +110,11 @@ class LoRARegistry:
         return adapter.lora_request
 
     def load_modules(self, modules: list[str]) -> None:
-        """Register every ``--lora-modules`` value; a bad one is a ValueError naming it."""
-        for text in modules:
-            spec = parse_lora_module(text)
+        """Register every ``--lora-modules`` value (parsed by ``lora_requests_from_modules``, as
+        ``host generate`` parses them); a bad one is a ValueError naming it."""
+        for text, spec in zip(modules, lora_requests_from_modules(modules)):
             try:
-                self.load(spec["name"], spec["path"], spec["base_model_name"])
+                self.load(spec.lora_name, spec.lora_path, base_model_name(text))
             except ValueError as exc:
                 raise ValueError(f"--lora-modules {text!r}: {exc}") from None
 

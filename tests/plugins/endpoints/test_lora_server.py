@@ -275,11 +275,13 @@ def test_the_registry_at_start(plugin_host, tiny_checkpoint, tmp_path, setup):
     for modules, reason in [
         ([f"w={dirs['too-wide']}"], "--lora-modules 'w=" + dirs["too-wide"] + "': LoRA adapter"),
         (["just-a-name"], "is not name=path"),
-        (['{"name": "x"}'], "needs string name and path"),
-        ([f"a={dirs['a']}", f"a={dirs['b']}"], "'a' is already loaded"),
+        (['{"name": "x"}'], "needs a non-empty name and path"),
+        (['{"name": "x", "path": "/p", "base_model_name": 3}'], "base_model_name=3 must be a model name"),
+        ([f"a={dirs['a']}", f"a={dirs['b']}"], "names 'a' twice"),
+        ([f"tiny={dirs['a']}"], "is the base model's name"),
     ]:
         with pytest.raises(ValueError) as err:
-            build_app(config, ServerSettings(lora_modules=modules), plugin_host, start_engine=False)
+            build_app(config, ServerSettings(served_model_names=["tiny"], lora_modules=modules), plugin_host, start_engine=False)
         assert reason in str(err.value), str(err.value)
     plain = EngineArgs(**kwargs).create_engine_config()
     with pytest.raises(ValueError, match="start it with --enable-lora"):
