@@ -37,6 +37,10 @@ class ModelConfig:
     seed: int = 0
     served_model_name: str | None = None
     max_logprobs: int = 20  # most logprobs one request may ask for; -1: no limit (vLLM's)
+    # "generate" or "pooling" (--runner / --convert, resolved by host.core.pooling_config); a
+    # pooling model's PoolerConfig (None when generating). docs/pooling.md
+    runner: str = "generate"
+    pooler: Any = None
     hf_config: Any = None
     # resolved at load time
     architecture: str | None = None
@@ -454,6 +458,13 @@ class SpeculativeConfig:
         b = self.disable_by_batch_size
         if b is not None and (not isinstance(b, int) or isinstance(b, bool) or b < 1):
             raise ValueError(f"speculative_config disable_by_batch_size={b!r} must be an integer >= 1 or unset")
+
+    @property
+    def kv_lookahead(self) -> int:
+        """KV slots past a step's scheduled tokens that the proposer writes while drafting (the
+        scheduler allocates them when blocks are free): k for draft_model, k - 1 for eagle (the
+        model drafters' chain, core/worker/spec_decode/draft_model.py), none for ngram."""
+        return {"draft_model": self.num_speculative_tokens, "eagle": self.num_speculative_tokens - 1}.get(self.method, 0)
 
     @classmethod
     def from_value(cls, value: "SpeculativeConfig | dict[str, Any] | str | None") -> "SpeculativeConfig | None":

@@ -244,8 +244,12 @@ class Scheduler:
 
             new_blocks = None
             delay_cache = self.kv_transfer is not None and self.kv_transfer.loading_sync(request.request_id)
+            # a model drafter writes KV up to kv_lookahead slots past this step's tokens: room for them when free
+            ahead = min(self.spec_decode.spec.kv_lookahead, self.max_model_len - request.num_computed_tokens - num_new) if self.spec_decode else 0
             while True:
-                new_blocks = kv.allocate_slots(request, num_new, delay_cache=delay_cache)
+                new_blocks = kv.allocate_slots(request, num_new + ahead, delay_cache=delay_cache) if ahead > 0 else None
+                if new_blocks is None:
+                    new_blocks = kv.allocate_slots(request, num_new, delay_cache=delay_cache)
                 if new_blocks is not None:
                     break
                 victim = self.waiting.select_victim(self.running)
@@ -340,9 +344,14 @@ class Scheduler:
                     num_new = min(num_new, token_budget)
                 elif num_new > token_budget:
                     break
+                ahead = 0 if num_ext or not self.spec_decode else min(
+                    self.spec_decode.spec.kv_lookahead, self.max_model_len - num_hit - num_new)  # as for running requests
                 new_blocks = kv.allocate_slots(
-                    request, num_loaded + num_new, hit_blocks, len(hit_blocks) * self.block_size, delay_cache=num_ext > 0
-                )
+                    request, num_new + ahead, hit_blocks, len(hit_blocks) * self.block_size) if ahead > 0 else None
+                if new_blocks is None:
+                    new_blocks = kv.allocate_slots(
+                        request, num_loaded + num_new, hit_blocks, len(hit_blocks) * self.block_size, delay_cache=num_ext > 0
+                    )
                 if new_blocks is None:
                     if not self.running and not self._blocks_held_elsewhere():
                         # every block is free and it still does not fit: it never will
