@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # for `import helpers`
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures"
-FIXTURE_PACKAGES = ("recorder", "accel_a", "accel_b", "endpoint", "broken", "wronggroup", "statsink", "toolparser", "quantint4", "kvflaky")
+FIXTURE_PACKAGES = ("recorder", "accel_a", "accel_b", "endpoint", "broken", "wronggroup", "statsink", "toolparser", "quantint4", "kvflaky", "ioupper")
 
 pytest_plugins = ["host.sdk.testing"]
 

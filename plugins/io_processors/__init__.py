@@ -1,8 +1,9 @@
-"""Built-in IO processors (entry point ``host.io_processors: builtin_io``).
-
-None are shipped yet; pooling models will bring the first. The module is registered so that the
-group is exercised and listed like any other.
-"""
+"""Built-in IO processors (entry point ``host.io_processors: builtin_io``): ``text_chunks``
+(:mod:`.text_chunks`: a long document embedded in overlapping windows, one vector per window
+plus their mean; pooling models) and ``json_schema_extract`` (:mod:`.json_schema_extract`: a
+text and a JSON schema in, the parsed JSON out, through structured outputs; generative models).
+A request selects one on ``POST /pooling`` (``"io_processor": NAME``), or ``host serve
+--io-processor NAME`` makes it the default (docs/pooling.md)."""
 
 from __future__ import annotations
 
@@ -13,4 +14,8 @@ from host.sdk import hookimpl
 
 @hookimpl
 def host_register_io_processors(register: Callable[..., None]) -> None:
-    """The built-in registry is empty until a built-in processor exists."""
+    from host.plugins.io_processors.json_schema_extract import JSONSchemaExtractProcessor
+    from host.plugins.io_processors.text_chunks import TextChunksProcessor
+
+    register(TextChunksProcessor)
+    register(JSONSchemaExtractProcessor)
