@@ -4,7 +4,9 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["LLM", "LoRARequest", "SamplingParams", "__version__"]
+__all__ = [
+    "LLM", "EmbeddingRequestOutput", "LoRARequest", "PoolingParams", "PoolingRequestOutput", "SamplingParams", "__version__",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -17,6 +19,14 @@ def __getattr__(name: str) -> Any:
         from host.core.lora.request import LoRARequest
 
         return LoRARequest
+    if name == "PoolingParams":
+        from host.core.pooling_params import PoolingParams
+
+        return PoolingParams
+    if name in ("PoolingRequestOutput", "EmbeddingRequestOutput"):
+        from host.core.frontend import pooling_output
+
+        return getattr(pooling_output, name)
     if name == "SamplingParams":
         from host.core.sampling_params import SamplingParams
 

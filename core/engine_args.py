@@ -33,6 +33,7 @@ from host.core.config import (
     SchedulerConfig,
     SpeculativeConfig,
 )
+from host.core.pooling_config import CONVERTS, RUNNERS, check_pooling_support, resolve_runner
 
 logger = logging.getLogger("host.engine")
 
@@ -111,6 +112,19 @@ class EngineArgs:
         20, help="most logprobs a request may ask for (logprobs, top_logprobs, prompt_logprobs); -1: no limit"
     )
     load_format: str = flag("auto", help="how weights are read (dummy: random weights)", choices=LOAD_FORMATS)
+    runner: str = flag(
+        "auto", choices=RUNNERS,
+        help="generate text, or pool prompts into vectors (embeddings); auto: pooling for encoders (BertModel) "
+        "and with --convert embed (docs/pooling.md)",
+    )
+    convert: str = flag(
+        "auto", choices=CONVERTS,
+        help="embed: run a decoder (*ForCausalLM) as an embedding model, its final hidden states pooled",
+    )
+    pooler_config: dict | None = flag(
+        help='the pooler as JSON, e.g. {"pooling_type": "MEAN", "normalize": true}; pooling_type: MEAN, CLS or LAST',
+        parse="json", default_text="the model's sentence-transformers config, else CLS (encoders) / LAST, normalized",
+    )
     quantization: str | None = flag(
         help="weight quantization method: a registered host.quantization method (built in: gguf, int8, fp8) or none",
         short="-q", parse="quantization",
@@ -222,10 +236,13 @@ class EngineArgs:
                 f"(max_position_embeddings); use --max-model-len {model_max} or less"
             )
         ctx_len = self.max_model_len or min(model_max, 8192)
+        runner, pooler = resolve_runner(self.runner, self.convert, get_model_architecture(hf_config), path, self.pooler_config)
+        pooling = runner == "pooling"  # one step per prompt: no chunks, no prefix hits, no async steps
+        chunked = self.enable_chunked_prefill and not pooling
         batched = self.max_num_batched_tokens
         if batched is None:
-            batched = 2048 if self.enable_chunked_prefill else max(ctx_len, 2048)
-        if not self.enable_chunked_prefill and batched < ctx_len:
+            batched = 2048 if chunked else max(ctx_len, 2048)
+        if not chunked and not pooling and batched < ctx_len:
             raise ValueError(
                 f"max_num_batched_tokens={batched} is smaller than max_model_len={ctx_len} with chunked "
                 "prefill off, so long prompts could never be scheduled; raise --max-num-batched-tokens "
@@ -239,6 +256,8 @@ class EngineArgs:
             seed=self.seed,
             served_model_name=self.served_model_name or served_name(self.model),
             max_logprobs=self.max_logprobs,
+            runner=runner,
+            pooler=pooler,
             hf_config=hf_config,
             architecture=get_model_architecture(hf_config),
             resolved_path=path,
@@ -248,7 +267,7 @@ class EngineArgs:
             load=LoadConfig(self.load_format),
             cache=CacheConfig(
                 block_size=self.block_size,
-                enable_prefix_caching=self.enable_prefix_caching,
+                enable_prefix_caching=self.enable_prefix_caching and not pooling,
                 kv_cache_memory=self.kv_cache_memory,
                 gpu_memory_utilization=self.gpu_memory_utilization,
                 num_gpu_blocks_override=self.num_gpu_blocks_override,
@@ -258,10 +277,10 @@ class EngineArgs:
                 max_num_seqs=self.max_num_seqs,
                 max_num_batched_tokens=batched,
                 max_model_len=ctx_len,
-                enable_chunked_prefill=self.enable_chunked_prefill,
+                enable_chunked_prefill=chunked,
                 long_prefill_token_threshold=self.long_prefill_token_threshold,
                 policy=self.scheduling_policy,
-                async_scheduling=self.async_scheduling if self.async_scheduling is not None else platform.device_type != "cpu",
+                async_scheduling=not pooling and (self.async_scheduling if self.async_scheduling is not None else platform.device_type != "cpu"),
             ),
             parallel=ParallelConfig(
                 tensor_parallel_size=self.tensor_parallel_size,
@@ -289,6 +308,7 @@ class EngineArgs:
             from host.core.scheduler.spec_decode import check_speculative_support
 
             check_speculative_support(config, async_explicit=self.async_scheduling is not None)
+        check_pooling_support(config)
         if config.lora is not None:
             from host.core.lora.support import check_lora_support
 

@@ -41,10 +41,16 @@ class EngineCoreRequest(msgspec.Struct, tag="add", omit_defaults=True):
     kv_transfer_params: dict[str, Any] | None = None
     # the LoRA adapter (--enable-lora), its digest filled by the input processor; None: base model
     lora_request: LoRARequest | None = None
+    # a pooling request's PoolingParams (docs/pooling.md): its prompt is pooled, nothing sampled
+    pooling_params: Any = None
 
     def __post_init__(self) -> None:
         if isinstance(self.sampling_params, dict):
             self.sampling_params = SamplingParams(**self.sampling_params)
+        if isinstance(self.pooling_params, dict):
+            from host.core.pooling_params import PoolingParams
+
+            self.pooling_params = PoolingParams(**self.pooling_params)
 
 
 class AbortRequests(msgspec.Struct, tag="abort"):
@@ -113,6 +119,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     # on the last output: what the KV connector hands on (a producer's remote block ids, its
     # host and port), returned to the client as the response's "kv_transfer_params"
     kv_transfer_params: dict[str, Any] | None = None
+    # a pooling request's vector (float32 values), on its one and final output
+    pooling_output: list[float] | None = None
 
     @property
     def finished(self) -> bool:

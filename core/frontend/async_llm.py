@@ -138,6 +138,7 @@ class AsyncLLM:
         check_queue: bool = True,
         kv_transfer_params: dict[str, Any] | None = None,
         lora_request: Any = None,
+        pooling_params: Any = None,
     ) -> AsyncIterator[RequestOutput]:
         """Stream snapshots of one prompt's result until it finishes. Cancelling the consumer
         (a client that disconnected) aborts the request in the engine and frees its blocks.
@@ -155,7 +156,7 @@ class AsyncLLM:
         process = functools.partial(
             self.input_processor.process,
             request_id or uuid.uuid4().hex, prompt_token_ids, params, priority=priority, whole_request_fits=True,
-            lora_request=lora_request,
+            lora_request=lora_request, pooling_params=pooling_params,
         )
         # bad_words are tokenized here, and a LoRA adapter's files read: work that would stall the
         # event loop, so a thread does it
@@ -197,6 +198,16 @@ class AsyncLLM:
             if not stream.finished:
                 await self.abort(rid)
             self._report_ended(result, timing, params)
+
+    def encode(
+        self, prompt: Any, pooling_params: Any = None, request_id: str | None = None, **kwargs: Any
+    ) -> AsyncIterator[Any]:
+        """Pool one prompt (token ids, a string, or ``{"prompt_token_ids": [...]}``) with a
+        pooling model: yields one finished :class:`host.PoolingRequestOutput`. ``kwargs`` are
+        :meth:`generate`'s (``priority``, ``deadline``, ``check_queue``). docs/pooling.md"""
+        from host.core.frontend.pooling import encode_async
+
+        return encode_async(self, prompt, pooling_params, request_id, **kwargs)
 
     async def beam_search(
         self,

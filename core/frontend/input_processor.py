@@ -60,6 +60,9 @@ class InputProcessor:
         # --max-logprobs; -1: no limit (the whole vocabulary may be asked for)
         self.max_logprobs: int = getattr(config.model, "max_logprobs", MAX_LOGPROBS)
         self.lora_config = getattr(config, "lora", None)  # --enable-lora, else None
+        # "pooling": prompts are pooled into vectors, never generated from (frontend/pooling.py)
+        self.runner: str = getattr(config.model, "runner", "generate")
+        self.max_num_batched_tokens: int = config.scheduler.max_num_batched_tokens
         self.hf_config = config.model.hf_config
         self._validated_adapters: dict[tuple[str, str], str] = {}
         if tokenizer is not None:
@@ -183,10 +186,19 @@ class InputProcessor:
         priority: int = 0,
         whole_request_fits: bool = False,
         lora_request: Any = None,
+        pooling_params: Any = None,
     ) -> EngineCoreRequest:
         """The engine request for one prompt (its ``n`` samples are fanned out by the output
         processor). Prepares the params (``bad_words``) and validates everything, the LoRA
-        adapter included (its digest filled, see :func:`host.core.lora.adapter.read_adapter`)."""
+        adapter included (its digest filled, see :func:`host.core.lora.adapter.read_adapter`).
+        With ``pooling_params`` (or on a pooling model) a pooling request instead
+        (:func:`host.core.frontend.pooling.pooling_request`)."""
+        if pooling_params is not None or self.runner == "pooling":
+            from host.core.frontend.pooling import pooling_request
+
+            if lora_request is not None:
+                raise ValueError("lora_request is not supported for pooling requests; drop it")
+            return pooling_request(self, request_id, prompt_token_ids, pooling_params, priority)
         check_priority(priority)
         params = prepare_params(self.tokenizer, params)
         self.validate(prompt_token_ids, params, whole_request_fits=whole_request_fits)

@@ -134,6 +134,23 @@ class LLM:
             raise
         return results
 
+    def encode(self, prompts: Any, pooling_params: Any = None, use_tqdm: bool = False) -> list[Any]:
+        """Pool every prompt with a pooling model (``--runner pooling``, ``--convert embed``):
+        one :class:`host.PoolingRequestOutput` per prompt, in order (``.outputs.data``).
+        ``pooling_params``: one :class:`host.PoolingParams` for all, one per prompt, or ``None``
+        (``task="embed"``). docs/pooling.md"""
+        from host.core.frontend.pooling import encode_offline
+
+        return encode_offline(self, prompts, pooling_params)
+
+    def embed(self, prompts: Any, pooling_params: Any = None, use_tqdm: bool = False) -> list[Any]:
+        """Embed every prompt: one :class:`host.EmbeddingRequestOutput` per prompt, in order
+        (``.outputs.embedding``, normalized as the model's pooler says unless
+        ``PoolingParams(normalize=...)``). docs/pooling.md"""
+        from host.core.frontend.pooling import embed_offline
+
+        return embed_offline(self, prompts, pooling_params)
+
     def stream(
         self, prompt: Any, sampling_params: SamplingParams | None = None, lora_request: Any = None
     ) -> Iterator[RequestOutput]:

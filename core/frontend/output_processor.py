@@ -69,6 +69,8 @@ class RequestOutput:
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     # the engine's KV connector's answer (a producer's hand-off for a decode instance), or None
     kv_transfer_params: dict[str, Any] | None = None
+    # a pooling request's vector (docs/pooling.md), once its one engine output arrived
+    pooling_output: list[float] | None = None
 
 
 class _Sequence:
@@ -292,8 +294,11 @@ class OutputProcessor:
                 stop_str = seq.detok.update(out.new_token_ids, out.finish_reason == "stop")
                 if stop_str is not None:
                     comp.finish_reason, comp.stop_reason = "stop", stop_str
+                    self._drop_after_stop(comp, out, seq.detok.num_dropped)
         if out.kv_transfer_params is not None:
             parent.result.kv_transfer_params = out.kv_transfer_params
+        if out.pooling_output is not None:
+            parent.result.pooling_output = out.pooling_output
         res_cached = max(parent.result.num_cached_tokens, out.num_cached_tokens)
         parent.result.num_cached_tokens = res_cached
         if comp.finish_reason is None and out.finish_reason is not None:
@@ -304,6 +309,18 @@ class OutputProcessor:
             del self._sequences[out.req_id]
             parent.refresh()  # the outputs are updated in place; only "finished" can change
         return parent.result, stop_str
+
+    @staticmethod
+    def _drop_after_stop(comp: CompletionOutput, out: Any, dropped: int) -> None:
+        """Several tokens arrived at once (speculative decoding) and a stop string ended the
+        sequence before the last: the tokens after it (and their logprobs) are not output."""
+        if dropped <= 0:
+            return
+        del comp.token_ids[len(comp.token_ids) - dropped:]
+        if out.new_logprobs and comp.logprobs is not None:
+            for lp in out.new_logprobs[len(out.new_logprobs) - dropped:]:
+                comp.cumulative_logprob = (comp.cumulative_logprob or 0.0) - lp.logprobs[0]
+            del comp.logprobs[len(comp.logprobs) - dropped:]
 
     def abort_request(self, request_id: str) -> list[str]:
         """Stop tracking prompt ``request_id`` (its sequences finish with ``"abort"``); returns

@@ -20,6 +20,7 @@ class NewRequestData:
     output_token_ids: list[int] = field(default_factory=list)
     eos_token_id: int | None = None
     lora_request: Any = None  # its LoRARequest (--enable-lora), None for the base model
+    pooling_params: Any = None  # its PoolingParams on a pooling model (docs/pooling.md), else None
 
 
 @dataclass

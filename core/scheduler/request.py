@@ -75,6 +75,7 @@ class Request:
         block_hasher: "BlockHasher | None" = None,
         kv_transfer_params: dict[str, Any] | None = None,
         lora_request: "LoRARequest | None" = None,
+        pooling_params: Any = None,
     ) -> None:
         self.request_id = request_id
         self.sampling_params = sampling_params if sampling_params is not None else SamplingParams()
@@ -86,6 +87,8 @@ class Request:
         self.kv_transfer_params = kv_transfer_params
         # the LoRA adapter it runs with (None: the base model); keys its blocks' hashes and its slot
         self.lora_request = lora_request
+        # a pooling request (PoolingParams): its whole prompt runs in one step, then it finishes
+        self.pooling_params = pooling_params
         # a KV connector's load for this request failed: recompute, never ask it again
         self.kv_load_failed = False
 
@@ -123,6 +126,7 @@ class Request:
             msg.request_id, msg.prompt_token_ids, msg.sampling_params, eos_token_id=msg.eos_token_id,
             arrival_time=msg.arrival_time or None, priority=msg.priority, cache_salt=msg.cache_salt,
             kv_transfer_params=msg.kv_transfer_params, lora_request=msg.lora_request,
+            pooling_params=msg.pooling_params,
         )
 
     @property

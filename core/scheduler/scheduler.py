@@ -31,6 +31,7 @@ from host.core.scheduler.kv_transfer import KVTransferState
 from host.core.scheduler.lora_admission import LoRAAdmission
 from host.core.scheduler.output import CachedRequestData, NewRequestData, SchedulerOutput
 from host.core.scheduler.policy import create_request_queue
+from host.core.scheduler.pooling import finish_pooled
 from host.core.scheduler.request import Request, RequestStatus
 from host.core.scheduler.spec_decode import SpecDecodeScheduling
 from host.core.worker.output import ModelRunnerOutput
@@ -389,6 +390,7 @@ class Scheduler:
                 output_token_ids=list(r.output_token_ids),
                 eos_token_id=r.eos_token_id,
                 lora_request=r.lora_request,
+                pooling_params=r.pooling_params,
             )
             for r in scheduled_new
         ]
@@ -463,6 +465,11 @@ class Scheduler:
                 request.num_output_placeholders -= 1  # its token is here (or the step failed)
             i = index_of.get(req_id)
             if i is None:
+                continue
+            if request.pooling_params is not None:  # pooled in this one step: it is done
+                outputs.append(finish_pooled(request, model_runner_output.pooler_output, self._events.pop(req_id, None)))
+                stopped.add(req_id)
+                self._free_request(request, running)
                 continue
             sampled = sampled_token_ids[i]
             prompt_logprobs = all_prompt_logprobs.get(req_id) if all_prompt_logprobs else None

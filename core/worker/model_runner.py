@@ -64,6 +64,7 @@ class ModelRunner:
         self.kv_connector: Any = None  # WorkerKVConnector with --kv-transfer-config
         self.spec_decode: Any = None  # SpecDecodeStep with --speculative-config (spec_decode/verify.py)
         self.lora: Any = None  # WorkerLoRA with --enable-lora
+        self.pooling: Any = None  # PoolingRunner for a pooling model (pooling_runner.py, docs/pooling.md)
         self.block_size = config.cache.block_size
         if config.compilation.custom_ops is None:  # a config built without EngineArgs
             config.compilation.resolve(config.scheduler.max_num_seqs, platform.can_capture_graphs())
@@ -94,6 +95,10 @@ class ModelRunner:
         # what the weights occupy once the platform has prepared them (repacked copies included)
         self.resident_weight_bytes = weight_bytes(self.model)
         self.sampler = Sampler(draw_kernel=self.platform.sampling_kernel(self.config))
+        if self.config.model.runner == "pooling":  # pool prompts instead of sampling tokens
+            from host.core.worker.pooling_runner import PoolingRunner
+
+            self.pooling = PoolingRunner(self)
         self._maybe_compile()
         if getattr(self.config, "speculative", None) is not None:  # docs/speculative.md
             from host.core.worker.spec_decode.verify import SpecDecodeStep
@@ -234,8 +239,8 @@ class ModelRunner:
         stage_kw = self.pipeline.dummy_kwargs(n) if self.pipeline is not None else {}
         with set_forward_context(ForwardContext(None, no_cache, {"attention_layers": self._attention_layers})):
             hidden = (self._forward if self._forward is not None else self.model)(input_ids, positions, **stage_kw)
-        if self.pipeline is not None and not self.pipeline.is_last:
-            return  # no logits on this stage
+        if (self.pipeline is not None and not self.pipeline.is_last) or self.pooling is not None:
+            return  # no logits on this stage, or none at all (a pooling model)
         rows = min(sched.max_num_seqs, n)
         logits = self.model.compute_logits(hidden[:rows])
         md = SamplingMetadata(temperature=torch.ones(rows), all_greedy=False, all_random=True,
@@ -369,7 +374,9 @@ class ModelRunner:
             input_ids[fill[0]] = fill[1]
         positions = self.staging.to_device("pos", inputs.positions)
         stage_kw = self.pipeline.forward_kwargs(len(inputs.input_ids))  # the previous stage's output
-        ctx = ForwardContext(attn_metadata, self.kv_caches, {"attention_layers": self._attention_layers})
+        # query_start_loc (host ints): where each prompt starts, for an encoder's own attention (models/bert.py)
+        extra = {"attention_layers": self._attention_layers, "query_start_loc": inputs.query_start_loc}
+        ctx = ForwardContext(attn_metadata, self.kv_caches, extra)
         if self.lora is not None:
             ctx.lora_mapping = self.lora.step_mapping([self.input_batch.states[i] for i in inputs.rows], inputs.num_scheduled)
         with set_forward_context(ctx):
@@ -397,6 +404,8 @@ class ModelRunner:
         assert self.model is not None and self.attn_backend is not None and self.input_batch is not None
         if self.spec_decode is not None:
             return self.spec_decode.execute(so)  # the drafts' verification path
+        if self.pooling is not None:
+            return self.pooling.execute(so)  # a pooling model: one vector per prompt, no sampling
         t_start = time.perf_counter()
         self.staging.next_step()
         self._update_states(so)

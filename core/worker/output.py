@@ -26,6 +26,8 @@ class ModelRunnerOutput:
     # --speculative-config: each row's drafts for its next step (like sampled_token_ids; [] for
     # none), None without speculation
     spec_token_ids: list[list[int]] | None = None
+    # a pooling model: each pooled request's vector by request id (docs/pooling.md), else None
+    pooler_output: dict[str, list[float]] | None = None
 
     def get_output(self) -> "ModelRunnerOutput":
         """A finished output is its own step handle (see ``Executor.execute_model``)."""

@@ -14,6 +14,7 @@ ARCHITECTURES = {
     "LlamaForCausalLM": "host.core.models.llama:LlamaForCausalLM",
     "Qwen2ForCausalLM": "host.core.models.llama:Qwen2ForCausalLM",
     "Qwen3ForCausalLM": "host.core.models.llama:Qwen3ForCausalLM",
+    "BertModel": "host.core.models.bert:BertModel",  # an encoder: --runner pooling (docs/pooling.md)
 }
 
 
