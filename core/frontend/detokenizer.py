@@ -66,6 +66,7 @@ class IncrementalDetokenizer:
             max(len(s) for s in self.stop) - 1 if self.stop and not self.include_stop_str_in_output else 0
         )
         self.token_ids: list[int] = []
+        self.num_dropped = 0  # new tokens of the last update after the stop string that ended it
         self.output_text = ""
         self._last_output_text_offset = 0
         self._stop_check_offset = 0
@@ -131,7 +132,20 @@ class IncrementalDetokenizer:
     def update(self, new_token_ids: list[int], stop_terminated: bool) -> str | None:
         """Append tokens; ``stop_terminated``: the last one is EOS or a stop token id, which is
         kept out of the text unless ``include_stop_str_in_output``. Returns the stop string
-        that finished the sequence (the text is already truncated), or ``None``."""
+        that finished the sequence (the text is already truncated), or ``None``.
+
+        Several tokens at once (speculative decoding) are checked one by one: a stop string ends
+        the sequence at the token that completes it, and ``num_dropped`` says how many of the
+        new tokens came after it (the caller drops them, as if they had never been sampled)."""
+        self.num_dropped = 0
+        if self.stop and len(new_token_ids) > 1:
+            for n, tok in enumerate(new_token_ids):
+                last = n == len(new_token_ids) - 1
+                hit = self.update([tok], stop_terminated and last)
+                if hit is not None:
+                    self.num_dropped = len(new_token_ids) - n - 1
+                    return hit
+            return None
         shown = new_token_ids
         if stop_terminated and not self.include_stop_str_in_output and new_token_ids:
             shown = new_token_ids[:-1]
