@@ -116,7 +116,13 @@ class DraftModelProposer(Proposer):
         self._builder = backend.get_builder_cls()(backend, self.runner.device)
 
     def _check_compatible(self, hf_config: Any) -> None:
-        """Same vocabulary as the target, positions enough for ``max_model_len``."""
+        """One rank, the same vocabulary as the target, positions enough for ``max_model_len``."""
+        parallel = getattr(self.config, "parallel", None)
+        if parallel is not None and parallel.world_size > 1:
+            raise ValueError(
+                f"speculative_config method {self.spec.method!r} runs on one rank only (the draft is not "
+                f"sharded), not with -tp {parallel.tensor_parallel_size}; use -tp 1 or method ngram"
+            )
         target = self.config.model.hf_config
         if int(hf_config.vocab_size) != int(target.vocab_size):
             raise ValueError(

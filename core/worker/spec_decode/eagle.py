@@ -41,6 +41,7 @@ class EagleProposer(DraftModelProposer):
         runner = self.runner
         target_config = self.config.model.hf_config
         head_config = read_head_config(self.spec.model, target_config)
+        self._check_compatible(head_config)
         backend = self._select_backend(head_config)
         self.model = load_eagle_head(self.spec.model, runner.model, target_config, runner.dtype, backend, device=runner.device)
         self.hf_config = head_config

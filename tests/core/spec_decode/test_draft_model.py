@@ -125,17 +125,26 @@ def spec_llm(target: str, draft: str, **extra: Any) -> LLM:
                **{**ENGINE, **extra})
 
 
-@pytest.mark.parametrize("draft", ["small", "target"])
-def test_greedy_equals_transformers(checkpoints, reference, draft):
-    llm = spec_llm(checkpoints["target"], checkpoints[draft])
+# 15 usable blocks of 4 tokens for 6 running requests of up to 48 tokens: preemptions, and
+# lookahead slots that do not always fit (the proposer then drafts fewer tokens)
+PREEMPTING = dict(block_size=4, num_gpu_blocks_override=16, max_num_seqs=6, max_num_batched_tokens=32)
+
+
+@pytest.mark.parametrize("draft, settings", [("small", {}), ("target", {}), ("target", PREEMPTING)],
+                         ids=["small", "target", "target-preempting"])
+def test_greedy_equals_transformers(checkpoints, reference, draft, settings):
+    llm = spec_llm(checkpoints["target"], checkpoints[draft], **settings)
     seen = record_proposals(proposer_of(llm))
-    assert generate(llm, PROMPTS) == reference
+    n = 12 if settings else len(PROMPTS)
+    assert generate(llm, PROMPTS[:n]) == reference[:n]
     assert_no_leaked_blocks(llm)
-    assert len(seen) > 32, "the draft proposed too rarely"
+    if settings:
+        assert llm.engine.scheduler.num_preemptions > 0
+    assert len(seen) > n, "the draft proposed too rarely"
     assert all(len(d) <= K for _, d in seen)
     # the proposals are the draft model's own greedy continuations of the tokens it was shown
     hf_draft = hf_model(checkpoints[draft])
-    for tokens, drafts in random.Random(0).sample(seen, 32):
+    for tokens, drafts in random.Random(0).sample(seen, min(32, len(seen))):
         assert drafts == greedy_continuation(hf_draft, tokens, len(drafts)), f"after {len(tokens)} tokens"
     if draft == "target":
         # the target drafting for itself: a draft is wrong only where the final output differs
@@ -152,7 +161,10 @@ def test_greedy_equals_transformers(checkpoints, reference, draft):
                 accepted += 1
         assert accepted >= 0.98 * proposed, f"{accepted}/{proposed} self-drafts match the target's tokens"
         full = sum(1 for _, d in seen if len(d) == K)
-        assert full >= 0.5 * len(seen), f"only {full}/{len(seen)} proposals have all {K} drafts"
+        if not settings:  # the scheduler's lookahead slots leave room for every draft
+            assert full == len(seen), f"only {full}/{len(seen)} proposals have all {K} drafts"
+        else:  # short of blocks: some proposals stop at the request's last block
+            assert full < len(seen)
 
 
 def test_draft_kv_counted_in_blocks(checkpoints, base):
