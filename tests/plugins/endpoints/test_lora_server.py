@@ -187,6 +187,8 @@ def test_unknown_names_are_404s(client, server):
     assert got.status_code == 404 and "no LoRA adapter is loaded under the name 'nope'" in got.json()["error"]["message"]
     bad = post(server, "/v1/load_lora_adapter", {"lora_name": "x"})  # no lora_path
     assert bad.status_code == 400 and "lora_path" in bad.json()["error"]["message"]
+    with pytest.raises(openai.BadRequestError, match="use_beam_search is not supported with a LoRA adapter"):
+        client.completions.create(model="a", prompt=PROMPTS[0], max_tokens=2, n=2, extra_body={"use_beam_search": True})
 
 
 def test_chat_selects_the_adapter_too(client, setup):
