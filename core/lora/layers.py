@@ -8,9 +8,10 @@ one LoRA slice per sub-projection: ``qkv_proj`` the slices ``q_proj``, ``k_proj`
 (their output rows side by side), ``gate_up_proj`` ``gate_proj`` and ``up_proj``; ``o_proj``
 and ``down_proj`` one slice each.
 
-Slot buffers: ``lora_a [max_loras, n * r_max, in]`` holds the slices' A matrices stacked along
-the rank axis; ``lora_b [max_loras, out, n * r_max]`` is block-diagonal (slice ``i``'s B in its
-output rows and its rank columns), pre-multiplied by the adapter's scale. A rank below
+Slot buffers, stored transposed so both products read contiguous rows: ``lora_a [max_loras,
+in, n * r_max]`` holds the slices' A matrices (transposed) side by side along the rank axis;
+``lora_b [max_loras, n * r_max, out]`` is block-diagonal (slice ``i``'s B, transposed, in its
+rank rows and its output columns), pre-multiplied by the adapter's scale. A rank below
 ``max_lora_rank`` is zero-padded, and a module an adapter does not target stays zero (its
 ``active`` flag off, so its tokens are skipped), so one shrink and one expand serve every slice.
 """
@@ -60,8 +61,8 @@ class LoRALinear(nn.Module):
         width = len(slices) * max_rank
         # plain attributes, not parameters or buffers: the checkpoint loader and state_dict
         # never see them
-        self.lora_a = torch.zeros(max_loras, width, in_features, dtype=dtype, device=device)
-        self.lora_b = torch.zeros(max_loras, self.out_features, width, dtype=dtype, device=device)
+        self.lora_a = torch.zeros(max_loras, in_features, width, dtype=dtype, device=device)
+        self.lora_b = torch.zeros(max_loras, width, self.out_features, dtype=dtype, device=device)
         self.active = [False] * max_loras
         self._impl = kernel_for(OP, torch.device(device).type)
 
@@ -86,9 +87,9 @@ class LoRALinear(nn.Module):
             if pair is not None:
                 a, b = pair
                 r = a.shape[0]
-                cols = slice(i * self.max_rank, i * self.max_rank + r)
-                self.lora_a[slot, cols] = a.to(self.lora_a.dtype)
-                self.lora_b[slot, row : row + size, cols] = (b.to(torch.float32) * scale).to(self.lora_b.dtype)
+                ranks = slice(i * self.max_rank, i * self.max_rank + r)
+                self.lora_a[slot, :, ranks] = a.t().to(self.lora_a.dtype)
+                self.lora_b[slot, ranks, row : row + size] = (b.to(torch.float32) * scale).t().to(self.lora_b.dtype)
                 found = True
             row += size
         self.active[slot] = found
@@ -106,7 +107,8 @@ class LoRALinear(nn.Module):
 def wrap_model(model: nn.Module, hf_config: Any, lora_config: Any, dtype: torch.dtype, device: torch.device) -> list[LoRALinear]:
     """Replace every q/k/v/o and gate/up/down linear of the layers this stage holds by a
     :class:`LoRALinear` around it; returns the wrappers. The fused whole-stack decode kernel a
-    platform may have installed is turned off (it would bypass the wrappers). A model without
+    platform may have installed is kept for base-only steps (:class:`BaseStepsOnly`: it would
+    bypass the wrappers). A model without
     the Llama family's layout is a ``ValueError``."""
     decoder = getattr(model, "model", None)
     layers = getattr(decoder, "layers", None)
@@ -130,6 +132,22 @@ def wrap_model(model: nn.Module, hf_config: Any, lora_config: Any, dtype: torch.
                                  lora_config.max_lora_rank, dtype, device)
             setattr(parent, fused, wrapper)
             wrappers.append(wrapper)
-    if getattr(decoder, "decode_kernel", None) is not None:
-        decoder.decode_kernel = None  # the fused stack would skip the adapters
+    kernel = getattr(decoder, "decode_kernel", None)
+    if kernel is not None and not isinstance(kernel, BaseStepsOnly):
+        decoder.decode_kernel = BaseStepsOnly(kernel)
     return wrappers
+
+
+class BaseStepsOnly:
+    """A platform's fused whole-stack decode kernel, kept for steps without adapters: it runs the
+    base weights only, so a step with a LoRA mapping declines it (returns ``None``, the model then
+    runs layer by layer through the wrappers)."""
+
+    def __init__(self, kernel: Any) -> None:
+        self.kernel = kernel
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, embeddings: torch.Tensor) -> Any:
+        ctx = get_forward_context()
+        if ctx is not None and getattr(ctx, "lora_mapping", None) is not None:
+            return None
+        return self.kernel(input_ids, positions, embeddings)

@@ -1,11 +1,13 @@
 """The batched multi-adapter LoRA product (worker): one shrink/expand pass per layer over the
 whole step, each token with its own adapter slot (Punica's idea, S-LoRA's serving).
 
-Every wrapped linear holds stacked slot buffers ``a [max_loras, R, in]`` and ``b [max_loras,
-out, R]`` (``R``: the slices' ranks side by side, B already multiplied by the adapter's scale;
-see :mod:`host.core.lora.layers`). For the step's :class:`LoRAMapping` (the slot of each token,
-``-1`` for the base model) the op adds, in place, ``out[t] += (x[t] @ a[s].T) @ b[s].T`` for
-every token ``t`` whose slot ``s >= 0``.
+Every wrapped linear holds stacked slot buffers ``a [max_loras, in, R]`` (each slot's A
+transposed) and ``b [max_loras, R, out]`` (B transposed, already multiplied by the adapter's
+scale); ``R`` is the slices' ranks side by side (see :mod:`host.core.lora.layers`). Stored
+transposed, both products read contiguous rows (a transposed view costs several times more in
+bfloat16 on the CPU). For the step's :class:`LoRAMapping` (the slot of each token, ``-1`` for
+the base model) the op adds, in place, ``out[t] += (x[t] @ a[s]) @ b[s]`` for every token ``t``
+whose slot ``s >= 0``.
 
 The op is called through the kernel table (:mod:`host.sdk.kernels`) as
 ``lora_shrink_expand(x, out, a, b, mapping, active) -> out``: the torch path below is registered
@@ -68,15 +70,15 @@ def lora_shrink_expand_torch(
     x: torch.Tensor, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, mapping: LoRAMapping,
     active: Sequence[bool] | None = None,
 ) -> torch.Tensor:
-    """The reference (every device): per slot of the step, ``out[rows] += (x[rows] @ a[s].T) @
-    b[s].T``, in ``x``'s dtype (as PEFT computes ``lora_B(lora_A(x))``)."""
+    """The reference (every device): per slot of the step, ``out[rows] += (x[rows] @ a[s]) @
+    b[s]``, in ``x``'s dtype (as PEFT computes ``lora_B(lora_A(x))``)."""
     for slot, rows in mapping.groups:
         if active is not None and not active[slot]:
             continue
         if rows is None:
-            out.add_((x @ a[slot].t()) @ b[slot].t())
+            out.add_((x @ a[slot]) @ b[slot])
         else:
-            out.index_add_(0, rows, (x.index_select(0, rows) @ a[slot].t()) @ b[slot].t())
+            out.index_add_(0, rows, (x.index_select(0, rows) @ a[slot]) @ b[slot])
     return out
 
 

@@ -6,10 +6,11 @@ Each token reads its own adapter slot from ``mapping.token_slots`` (``-1``: the 
 program returns at once), so one launch serves every adapter of the step with no host-side
 grouping:
 
-- shrink, one program per token: ``h[t] = a[slot] @ x[t]`` (``R`` = the slices' ranks side by
-  side, at most a few dozen), ``K`` in blocks of ``BLOCK_K``, float32 accumulation;
-- expand, one program per token and ``BLOCK_N`` output features: ``out[t, n] += b[slot, n] @
-  h[t]``, in place, accumulated in float32 and stored in ``out``'s dtype.
+- shrink, one program per token: ``h[t] = x[t] @ a[slot]`` (``a [slots, K, R]``, ``R`` = the
+  slices' ranks side by side, at most a few dozen), ``K`` in blocks of ``BLOCK_K``, float32
+  accumulation;
+- expand, one program per token and ``BLOCK_N`` output features: ``out[t, n] += h[t] @ b[slot,
+  :, n]`` (``b [slots, R, N]``), in place, accumulated in float32 and stored in ``out``'s dtype.
 
 Per-token programs re-read the slot's A and B for every token, which is what a decode step
 wants (a few tokens, many adapters); a step of more than :data:`TRITON_MAX_TOKENS` tokens (a
@@ -43,7 +44,7 @@ BLOCK_N = 64
 if HAS_TRITON:
 
     @triton.jit
-    def _shrink_kernel(x_ptr, a_ptr, slots_ptr, h_ptr, K, R, stride_xm, stride_as, stride_ar, stride_hm,
+    def _shrink_kernel(x_ptr, a_ptr, slots_ptr, h_ptr, K, R, stride_xm, stride_as, stride_ak, stride_hm,
                        BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
         t = tl.program_id(0)
         slot = tl.load(slots_ptr + t)
@@ -51,16 +52,17 @@ if HAS_TRITON:
             return
         offs_r = tl.arange(0, BLOCK_R)
         acc = tl.zeros([BLOCK_R], dtype=tl.float32)
-        a_row = a_ptr + slot.to(tl.int64) * stride_as + offs_r[:, None] * stride_ar
+        a_slot = a_ptr + slot.to(tl.int64) * stride_as
         for k0 in range(0, K, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             x = tl.load(x_ptr + t * stride_xm + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
-            a = tl.load(a_row + offs_k[None, :], mask=(offs_r[:, None] < R) & (offs_k[None, :] < K), other=0.0)
-            acc += tl.sum(a.to(tl.float32) * x[None, :], axis=1)
+            a = tl.load(a_slot + offs_k[:, None] * stride_ak + offs_r[None, :],
+                        mask=(offs_k[:, None] < K) & (offs_r[None, :] < R), other=0.0)
+            acc += tl.sum(a.to(tl.float32) * x[:, None], axis=0)
         tl.store(h_ptr + t * stride_hm + offs_r, acc, mask=offs_r < R)
 
     @triton.jit
-    def _expand_kernel(h_ptr, b_ptr, slots_ptr, out_ptr, N, R, stride_hm, stride_bs, stride_bn, stride_om,
+    def _expand_kernel(h_ptr, b_ptr, slots_ptr, out_ptr, N, R, stride_hm, stride_bs, stride_br, stride_om,
                        BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr):
         t = tl.program_id(0)
         slot = tl.load(slots_ptr + t)
@@ -69,9 +71,9 @@ if HAS_TRITON:
         offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_r = tl.arange(0, BLOCK_R)
         h = tl.load(h_ptr + t * stride_hm + offs_r, mask=offs_r < R, other=0.0)
-        b = tl.load(b_ptr + slot.to(tl.int64) * stride_bs + offs_n[:, None] * stride_bn + offs_r[None, :],
-                    mask=(offs_n[:, None] < N) & (offs_r[None, :] < R), other=0.0)
-        delta = tl.sum(b.to(tl.float32) * h[None, :], axis=1)
+        b = tl.load(b_ptr + slot.to(tl.int64) * stride_bs + offs_r[:, None] * stride_br + offs_n[None, :],
+                    mask=(offs_r[:, None] < R) & (offs_n[None, :] < N), other=0.0)
+        delta = tl.sum(b.to(tl.float32) * h[:, None], axis=0)
         o_ptrs = out_ptr + t * stride_om + offs_n
         o = tl.load(o_ptrs, mask=offs_n < N, other=0.0).to(tl.float32)
         tl.store(o_ptrs, (o + delta).to(out_ptr.dtype.element_ty), mask=offs_n < N)
@@ -81,7 +83,7 @@ def lora_shrink_expand_triton(
     x: torch.Tensor, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, mapping: Any,
     active: Sequence[bool] | None = None, *, max_tokens: int | None = None,
 ) -> torch.Tensor:
-    """``out[t] += (x[t] @ a[slot].T) @ b[slot].T`` for every token with a slot (see the module
+    """``out[t] += (x[t] @ a[slot]) @ b[slot]`` for every token with a slot (see the module
     docstring); returns ``out``. More than ``max_tokens`` tokens (default
     :data:`TRITON_MAX_TOKENS`): the torch reference of the kernel table."""
     from host.sdk.kernels import ANY_DEVICE, kernel_for
@@ -94,8 +96,8 @@ def lora_shrink_expand_triton(
     if x.stride(-1) != 1:
         x = x.contiguous()
     assert out.stride(-1) == 1 and a.is_contiguous() and b.is_contiguous(), "lora_shrink_expand wants contiguous rows"
-    _, r, k = a.shape
-    n = b.shape[1]
+    _, k, r = a.shape
+    n = b.shape[2]
     block_r = max(16, triton.next_power_of_2(r))
     h = torch.empty(m, r, dtype=torch.float32, device=x.device)
     slots = mapping.token_slots

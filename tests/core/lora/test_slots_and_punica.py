@@ -92,8 +92,8 @@ def test_wrap_model_wraps_every_projection_of_every_layer():
     assert len(wrappers) == 2 * 4
     attn = model.model.layers[1].self_attn
     assert isinstance(attn.qkv_proj, LoRALinear) and attn.qkv_proj.slice_names == ("q_proj", "k_proj", "v_proj")
-    assert attn.qkv_proj.lora_a.shape == (2, 24, 64) and attn.qkv_proj.lora_b.shape == (2, 128, 24)
-    assert model.model.layers[0].mlp.down_proj.lora_b.shape == (2, 64, 8)
+    assert attn.qkv_proj.lora_a.shape == (2, 64, 24) and attn.qkv_proj.lora_b.shape == (2, 24, 128)
+    assert model.model.layers[0].mlp.down_proj.lora_b.shape == (2, 8, 64)
 
 
 def test_slots_lru_to_the_cpu_tier_and_its_own_limit(tmp_path, write_adapter):
@@ -128,7 +128,7 @@ def test_slots_lru_to_the_cpu_tier_and_its_own_limit(tmp_path, write_adapter):
     from safetensors.torch import load_file
 
     new_a = load_file(str(tmp_path / "a" / "adapter_model.safetensors"))["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"]
-    torch.testing.assert_close(q.lora_a[slot, :4], new_a)
+    torch.testing.assert_close(q.lora_a[slot, :, :4].T, new_a)
 
 
 def test_modules_an_adapter_does_not_target_get_a_zeroed_slot(tmp_path, write_adapter):
@@ -144,7 +144,7 @@ def test_modules_an_adapter_does_not_target_get_a_zeroed_slot(tmp_path, write_ad
     for w in wrappers:
         if w.layer_idx == 1 and w.slice_names[0] == "q_proj":
             assert w.active[0]
-            assert w.lora_a[0, 2:].abs().sum() == 0 and w.lora_a[0, :2].abs().sum() > 0  # rank 2 of 8: padded
-            assert w.lora_b[0, 64:].abs().sum() == 0  # k and v rows stay zero
+            assert w.lora_a[0, :, 2:].abs().sum() == 0 and w.lora_a[0, :, :2].abs().sum() > 0  # rank 2 of 8: padded
+            assert w.lora_b[0, :, 64:].abs().sum() == 0  # k and v outputs stay zero
         else:
             assert not w.active[0] and w.lora_a[0].abs().sum() == 0 and w.lora_b[0].abs().sum() == 0

@@ -28,16 +28,16 @@ pytestmark = pytest.mark.triton
 def case(m=7, k=40, n=72, r=12, slots_count=3, dtype=torch.float32, seed=0):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(m, k, generator=g)
-    a = torch.randn(slots_count, r, k, generator=g) * 0.3
-    b = torch.randn(slots_count, n, r, generator=g) * 0.3
-    a[1, 8:] = 0  # a rank-8 adapter padded to 12
-    b[1, :, 8:] = 0
+    a = torch.randn(slots_count, k, r, generator=g) * 0.3  # A transposed: [slots, in, R]
+    b = torch.randn(slots_count, r, n, generator=g) * 0.3  # B transposed: [slots, R, out]
+    a[1, :, 8:] = 0  # a rank-8 adapter padded to 12
+    b[1, 8:] = 0
     base = torch.randn(m, n, generator=g)
     token_slots = np.array(([0, 2, -1, 1, 1, 2, -1, 0] * m)[:m], dtype=np.int32)
     want = base.double().clone()
     for t, s in enumerate(token_slots):
         if s >= 0:
-            want[t] += (x[t].double() @ a[s].double().T) @ b[s].double().T
+            want[t] += (x[t].double() @ a[s].double()) @ b[s].double()
     to = lambda v: v.to(DEV, dtype)  # noqa: E731
     return to(x), to(base), to(a), to(b), build_mapping(token_slots, torch.device(DEV)), want
 
