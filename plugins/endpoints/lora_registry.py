@@ -53,9 +53,6 @@ class LoRARegistry:
         self._adapters: dict[str, ServedAdapter] = {}
         self._next_id = 1
 
-    def __len__(self) -> int:
-        return len(self._adapters)
-
     def get(self, name: str) -> LoRARequest | None:
         """The request of adapter ``name``, ``None`` when no adapter has that name."""
         adapter = self._adapters.get(name)
