@@ -76,7 +76,7 @@ def lora_shrink_expand_torch(
         if active is not None and not active[slot]:
             continue
         if rows is None:
-            out.add_((x @ a[slot]) @ b[slot])
+            out.addmm_(x @ a[slot], b[slot])  # the expand and the add in one call
         else:
             out.index_add_(0, rows, (x.index_select(0, rows) @ a[slot]) @ b[slot])
     return out

@@ -1,7 +1,7 @@
 """Multi-LoRA end to end against transformers + PEFT on the same weights.
 
 One engine (``max_loras=2`` so slots evict, prefix caching on, chunked prefill with a 24-token
-budget) serves a mixed batch of base-model requests and three PEFT adapters of ranks 4, 8 and 16
+budget, asynchronous scheduling as on a GPU) serves a mixed batch of base-model requests and three PEFT adapters of ranks 4, 8 and 16
 with different target sets (one with ``lora_alpha != r``, one with rsLoRA). Every request's
 greedy tokens must equal ``PeftModel.generate``'s, and the logprob of each token must be within
 1e-4 of PEFT's (fp32). The prompts share their first block, so KV computed for one adapter
@@ -82,7 +82,8 @@ def setup(tiny_checkpoint, tmp_path_factory):
 def llm(setup):
     engine = LLM(setup["base"], skip_tokenizer_init=True, enable_lora=True, max_loras=2, max_lora_rank=16,
                  max_cpu_loras=2, enable_prefix_caching=True, enable_chunked_prefill=True,
-                 max_num_batched_tokens=24, max_num_seqs=8, num_gpu_blocks_override=64)
+                 max_num_batched_tokens=24, max_num_seqs=8, num_gpu_blocks_override=64,
+                 async_scheduling=True)  # the GPU default: each step planned before the last one's tokens return
     yield engine
 
 
