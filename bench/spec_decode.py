@@ -1,0 +1,187 @@
+"""Speculative decoding (ngram prompt lookup) on the default model (SmolLM2-135M-Instruct,
+its GGUF file), batch 1, 128 new tokens, against the same engine without speculation, in the
+same run:
+
+- **repetitive** (greedy): chat prompts that ask the model to repeat / quote their input (code,
+  a list, a paragraph, SQL), so the answer copies tokens the prompt holds and ngram's drafts
+  are accepted; target: 1.8x the plain decode tok/s. The greedy tokens of both engines must be
+  equal (they are compared);
+- **low acceptance** (greedy): chat prompts whose answers are lists of distinct items (animals,
+  countries, numbers in words), so ngram keeps finding the list's separators earlier and
+  proposes the previous item, which the model does not repeat: the auto-off must keep the
+  slowdown <= 5 %. The same workload also runs with the auto-off disabled
+  (``auto_off_threshold: 0``), to show what it saves.
+
+Each prompt runs on every engine, rotating which goes first, after a warm-up request per
+engine; tok/s is the generated tokens over the wall time of the requests (prefill included,
+the same for all). The JSON records the figures, the ratios, the acceptance (drafted /
+accepted tokens, mean accepted length) and the machine's load average before and after (a
+shared machine's figures are noisy: rerun it quiet).
+
+    .venv/bin/python bench/spec_decode.py            # ~3 min on 2 quiet cores
+    .venv/bin/python bench/spec_decode.py --quick    # 2 prompts per workload, 32 tokens
+
+Results: bench/results/spec_decode.json (``--quick``: spec_decode_quick.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform as pyplatform
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+CODE = '''def merge_sorted(a, b):
+    out = []
+    i = j = 0
+    while i < len(a) and j < len(b):
+        if a[i] <= b[j]:
+            out.append(a[i])
+            i += 1
+        else:
+            out.append(b[j])
+            j += 1
+    out.extend(a[i:])
+    out.extend(b[j:])
+    return out'''
+CLASS = '''class Counter:
+    def __init__(self):
+        self.counts = {}
+
+    def add(self, key, n=1):
+        self.counts[key] = self.counts.get(key, 0) + n
+
+    def most_common(self, k):
+        items = sorted(self.counts.items(), key=lambda kv: -kv[1])
+        return items[:k]'''
+LIST = "\n".join(f"{i}. {w}" for i, w in enumerate(
+    "apples bananas cherries dates elderberries figs grapes honeydew kiwis lemons mangoes nectarines oranges papayas".split(), 1))
+PARAGRAPH = ("The quick brown fox jumps over the lazy dog. The dog wakes up and chases the fox around the farm, "
+             "past the barn, the pond and the old oak tree, until both of them are too tired to run any further.")
+SQL = ("SELECT users.id, users.name, COUNT(orders.id) AS num_orders FROM users LEFT JOIN orders ON orders.user_id = users.id "
+       "WHERE users.created_at > '2024-01-01' GROUP BY users.id, users.name ORDER BY num_orders DESC LIMIT 10;")
+REPETITIVE = [
+    f"Repeat this code exactly, with no comment:\n\n{CODE}",
+    f"Copy this Python class exactly as it is:\n\n{CLASS}",
+    f"Repeat this list exactly:\n\n{LIST}",
+    f"Repeat the following paragraph word for word: {PARAGRAPH}",
+    f"Repeat this SQL query exactly:\n\n{SQL}",
+    f"Quote this code back to me exactly:\n\n{CODE}",
+]
+LISTS = [
+    "List 40 different animals, one per line, numbered.",
+    "Write the numbers from 1 to 60 in words, separated by commas.",
+    "Name 30 countries and their capitals, one per line, as 'country: capital'.",
+    "List 30 programming languages, each with a one-sentence description.",
+    "Write 25 different fruit names, numbered, one per line.",
+    "List 30 famous scientists and what each one discovered, one per line.",
+]
+SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
+
+
+def run_one(llm, prompt: dict, params) -> tuple[list[int], float]:
+    t0 = time.perf_counter()
+    out = llm.generate([prompt], params)[0].outputs[0]
+    return out.token_ids, time.perf_counter() - t0
+
+
+def chat_prompt(llm, text: str) -> dict:
+    tok = llm.get_tokenizer()
+    rendered = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+    return {"prompt_token_ids": tok.encode(rendered, add_special_tokens=False)}
+
+
+def _acceptance(before: dict, after: dict) -> dict:
+    drafts = after["num_drafts"] - before["num_drafts"]
+    drafted = after["num_draft_tokens"] - before["num_draft_tokens"]
+    accepted = after["num_accepted_tokens"] - before["num_accepted_tokens"]
+    return {
+        "drafts": drafts, "draft_tokens": drafted, "accepted_tokens": accepted,
+        "acceptance_rate": accepted / drafted if drafted else 0.0,
+        "mean_accepted_length": 1 + accepted / drafts if drafts else 1.0,
+    }
+
+
+def workload(engines: dict, prompts: list[dict], params_of) -> dict:
+    """Every prompt on every engine (rotating the order); ``params_of(i)``: prompt i's params."""
+    names = list(engines)
+    before = {n: e.engine.scheduler.spec_decode.totals() for n, e in engines.items() if e.engine.scheduler.spec_decode}
+    seconds = {n: 0.0 for n in names}
+    tokens = {n: 0 for n in names}
+    outputs: dict[str, list] = {n: [] for n in names}
+    for i, p in enumerate(prompts):
+        order = names[i % len(names):] + names[: i % len(names)]
+        for n in order:
+            ids, dt = run_one(engines[n], p, params_of(i))
+            seconds[n] += dt
+            tokens[n] += len(ids)
+            outputs[n].append(ids)
+    out: dict = {"num_prompts": len(prompts)}
+    for n in names:
+        out[n] = {"tok_s": tokens[n] / seconds[n], "seconds": seconds[n], "tokens": tokens[n]}
+        if n in before:
+            out[n].update(_acceptance(before[n], engines[n].engine.scheduler.spec_decode.totals()))
+        if n != "base":
+            out[n]["speed_vs_base"] = out[n]["tok_s"] / out["base"]["tok_s"]
+            out[n]["equal_tokens_to_base"] = outputs[n] == outputs["base"]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--max-tokens", type=int, default=None)
+    ap.add_argument("--num-prompts", type=int, default=None, help="prompts per workload (default 6; --quick 2)")
+    args = ap.parse_args()
+    max_tokens = args.max_tokens or (32 if args.quick else 128)
+    load_before = os.getloadavg()
+
+    from host import LLM, SamplingParams
+
+    engine = dict(max_num_seqs=4, max_model_len=1024)
+    base = LLM(**engine)
+    spec = LLM(speculative_config=SPEC, **engine)
+    always = LLM(speculative_config={**SPEC, "auto_off_threshold": 0.0}, **engine)
+    n = args.num_prompts or (2 if args.quick else 6)
+    repetitive = [chat_prompt(base, t) for t in REPETITIVE[:n]]
+    low = [chat_prompt(base, t) for t in LISTS[:n]]
+    greedy = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    for llm in (base, spec, always):  # warm-up
+        run_one(llm, repetitive[0], SamplingParams(max_tokens=8, temperature=0.0))
+    result = {
+        "benchmark": "spec_decode",
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "model": "SmolLM2-135M-Instruct (the default model, GGUF)",
+        "speculative_config": SPEC,
+        "auto_off": {k: getattr(spec.engine.config.speculative, k)
+                     for k in ("auto_off_threshold", "auto_off_window", "auto_off_probe_steps")},
+        "max_tokens": max_tokens,
+        "batch": 1,
+        "machine": {"platform": pyplatform.platform(), "cpus": os.cpu_count()},
+        "repetitive": workload({"base": base, "ngram": spec}, repetitive, lambda i: greedy),
+        "low_acceptance": workload({"base": base, "ngram": spec, "ngram_no_auto_off": always}, low, lambda i: greedy),
+    }
+    result["load_average_before"] = list(load_before)
+    result["load_average_after"] = list(os.getloadavg())
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / ("spec_decode_quick.json" if args.quick else "spec_decode.json")
+    path.write_text(json.dumps(result, indent=2))
+    for name, w in (("repetitive", result["repetitive"]), ("low acceptance", result["low_acceptance"])):
+        line = f"{name:15s} plain {w['base']['tok_s']:6.1f} tok/s"
+        for n in [k for k in w if k not in ("base", "num_prompts")]:
+            e = w[n]
+            line += (f"; {n} {e['tok_s']:6.1f} tok/s ({e['speed_vs_base']:.2f}x, acceptance "
+                     f"{100 * e['acceptance_rate']:.0f}% of {e['draft_tokens']}, mean accepted length {e['mean_accepted_length']:.2f})")
+        print(line)
+    equal = [result[w][n]["equal_tokens_to_base"] for w in ("repetitive", "low_acceptance")
+             for n in result[w] if n not in ("base", "num_prompts")]
+    print(f"greedy tokens equal to the plain engine's: {all(equal)}")
+    print(f"load average before {load_before}, after {result['load_average_after']}; saved {path}")
+
+
+if __name__ == "__main__":
+    main()
