@@ -17,8 +17,9 @@ After each step (:meth:`DraftModelProposer.propose`):
    position.
 
 The draft writes KV up to ``k - 1`` positions past the request's last token, and only into
-blocks the request owns: a request whose blocks end earlier gets fewer drafts (the scheduler's
-lookahead allocation, when it has one, keeps them whole). Positions past the known tokens hold
+blocks the request owns: the scheduler allocates ``SpeculativeConfig.kv_lookahead`` slots past
+each step's tokens when blocks are free, and a request whose blocks still end earlier gets
+fewer drafts. Positions past the known tokens hold
 scratch KV that the next step's catch-up overwrites.
 
 :class:`DraftModelProposer` is also the base of the EAGLE proposer (:mod:`.eagle`), which shifts
