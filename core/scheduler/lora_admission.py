@@ -14,6 +14,7 @@ with changed weights under the same id is a different one while requests of both
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import TYPE_CHECKING, Hashable, Iterable
 
 if TYPE_CHECKING:
@@ -50,3 +51,13 @@ class LoRAAdmission:
         key = adapter_key(request)
         if key is not None:
             self.active.add(key)
+
+
+def lora_stats(max_loras: int, running: Iterable["Request"], waiting: Iterable["Request"]) -> dict[str, object]:
+    """The adapters in use, for ``/metrics`` (vLLM's ``lora_requests_info``): ``max_lora`` and,
+    per adapter name, how many running and waiting requests use it."""
+
+    def by_name(requests: Iterable["Request"]) -> dict[str, int]:
+        return dict(Counter(r.lora_request.lora_name for r in requests if r.lora_request is not None))
+
+    return {"max_lora": max_loras, "running": by_name(running), "waiting": by_name(waiting)}

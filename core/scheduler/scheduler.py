@@ -28,7 +28,7 @@ from host.core.kv_cache.block_pool import KVCacheBlock
 from host.core.kv_cache.hashing import make_block_hasher
 from host.core.kv_cache.manager import KVCacheManager
 from host.core.scheduler.kv_transfer import KVTransferState
-from host.core.scheduler.lora_admission import LoRAAdmission
+from host.core.scheduler.lora_admission import LoRAAdmission, lora_stats
 from host.core.scheduler.output import CachedRequestData, NewRequestData, SchedulerOutput
 from host.core.scheduler.policy import create_request_queue
 from host.core.scheduler.pooling import finish_pooled
@@ -580,6 +580,7 @@ class Scheduler:
             num_prompt_tokens_computed=self.num_prompt_tokens_computed,
             kv_connector_stats=self.kv_transfer.take_stats() if self.kv_transfer is not None else None,
             spec_decoding=self.spec_decode.totals() if self.spec_decode is not None else None,
+            lora_stats=lora_stats(self.lora_admission.max_loras, self.running, self.waiting) if self.lora_admission else None,
             num_waiting_deferred=sum(
                 1 for r in self.waiting
                 if r.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR and not r.structured_output.ready()

@@ -7,9 +7,10 @@ dashboard built for vLLM works once the prefix matches (``--metrics-prefix vllm`
 for vLLM. Every series has the labels ``model_name`` and ``engine``, except
 ``cache_config_info``, which has the cache settings and ``engine``, as in vLLM.
 
-vLLM metrics this exporter does not make: what host has no feature for (LoRA, multimodal
+vLLM metrics this exporter does not make: what host has no feature for (multimodal
 caches, sleep mode, corrupted requests) and the deprecated names. The speculative-decoding
-counters exist only for an engine started with ``--speculative-config``. Three names are host's own: ``prefix_cache_hit_rate`` (hits / queries since start-up),
+counters exist only for an engine started with ``--speculative-config``, ``lora_requests_info``
+only with ``--enable-lora``. Three names are host's own: ``prefix_cache_hit_rate`` (hits / queries since start-up),
 ``num_requests_in_flight`` (prompts the API server is serving) and ``model_weights_bytes`` (what
 the weights occupy, labelled with the quantization method).
 """
@@ -148,6 +149,14 @@ class PrometheusStatLogger(StatLogger):
                 Counter, f"{prefix}:spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft position.",
                 labels + ["position"], registry=self.registry,
             )
+        # --enable-lora: vLLM's info gauge, one series per (max_lora, waiting adapters, running
+        # adapters) seen, set to the time it was last seen (SchedulerStats.lora_stats)
+        self._lora_info: Any = None
+        if getattr(ctx.config, "lora", None) is not None:
+            self._lora_info = _family(
+                Gauge, f"{prefix}:lora_requests_info", "Running stats on lora requests.",
+                labels + ["max_lora", "waiting_lora_adapters", "running_lora_adapters"], registry=self.registry,
+            )
         self._totals: dict[str, int] = {}  # the last totals seen (the engine sends totals, counters take increments)
         self.generation_tokens = counter("generation_tokens", "Number of generation tokens processed.")
         success = _family(
@@ -246,6 +255,11 @@ class PrometheusStatLogger(StatLogger):
                     self._add_total(f"spec:{key}", int(spec.get(key, 0)), metric)
                 for pos, total in enumerate(spec.get("num_accepted_tokens_per_pos", ())):
                     self._add_total(f"spec:pos{pos}", int(total), self._spec_per_pos.labels(*self._values, str(pos)))
+            lora = getattr(s, "lora_stats", None)
+            if lora and self._lora_info is not None:
+                self._lora_info.labels(
+                    *self._values, str(lora["max_lora"]), ",".join(sorted(lora["waiting"])), ",".join(sorted(lora["running"])),
+                ).set_to_current_time()
         it = iteration_stats
         if it is None:
             return

@@ -93,6 +93,18 @@ def test_a_second_adapter_waits_while_max_loras_are_running():
     assert a1.status.is_finished and first_b == 4  # a1's 4 tokens take steps 0-3
 
 
+def test_the_stats_name_the_running_and_the_waiting_adapters():
+    sched = make_scheduler(max_loras=1)
+    for r in (req("a1", A), req("b1", B), req("a2", A), req("base", None)):
+        sched.add_request(r)
+    assert sched.make_stats().lora_stats == {"max_lora": 1, "running": {}, "waiting": {"a": 2, "b": 1}}
+    step(sched)
+    assert sched.make_stats().lora_stats == {"max_lora": 1, "running": {"a": 2}, "waiting": {"b": 1}}
+    run(sched, 1, [])
+    assert sched.make_stats().lora_stats == {"max_lora": 1, "running": {}, "waiting": {}}
+    assert make_scheduler(max_loras=None).make_stats().lora_stats is None
+
+
 def test_the_waiting_request_keeps_its_place_in_the_queue():
     sched = make_scheduler(max_loras=2)
     rs = [req("a1", A, max_tokens=2), req("b1", B, max_tokens=6), req("c1", C), req("c2", C), req("a2", A, prompt_len=9)]
