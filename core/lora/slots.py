@@ -2,7 +2,9 @@
 ``max_cpu_loras`` adapters, both least-recently-used.
 
 An adapter is keyed by ``(lora_int_id, digest)`` (:attr:`LoRARequest.key`), so the same id with
-changed files is another adapter: it is read again and never served from a stale slot.
+changed files is another adapter: it is read again and never served from a stale slot. A request
+still queued with an older digest when its files changed runs with the files as they are then
+(the old weights are gone; a warning says so).
 :meth:`LoRASlots.activate` makes one step's adapters resident: one already in a slot is only
 touched; another takes a free slot, else the least recently used slot whose adapter the step
 does not use (it stays in the CPU tier). Its tensors come from the CPU tier, or are read from
@@ -65,14 +67,22 @@ class LoRASlots:
         if entry is not None:
             self.cpu.move_to_end(key)
             return entry
-        files = read_adapter(request.lora_path, self.lora_config, self.hf_config)
+        for attempt in range(3):  # files rewritten between the check and the read: read them again
+            files = read_adapter(request.lora_path, self.lora_config, self.hf_config)
+            try:
+                tensors = files.load(torch.float32)
+                break
+            except ValueError:
+                if attempt == 2:
+                    raise
         if request.digest and files.digest != request.digest:
-            raise ValueError(
-                f"LoRA adapter {request.lora_name!r} at {request.lora_path!r} changed after the request was "
-                "validated (its digest differs); send the request again"
-            )
+            # the files changed after this request was validated (a reload under the same path): the
+            # old weights are gone, so it runs with the current ones; requests validated since carry
+            # the new digest (another key, another prefix-cache identity)
+            logger.warning("LoRA adapter %r at %s changed after request validation; running it with the files "
+                           "as they are now", request.lora_name, request.lora_path)
         layers: dict[int, dict[str, tuple[torch.Tensor, torch.Tensor]]] = {}
-        for (layer, module), pair in files.load(torch.float32).items():
+        for (layer, module), pair in tensors.items():
             layers.setdefault(layer, {})[module] = pair
         entry = CPUAdapter(request.lora_name, files.scale, files.rank, layers)
         self.loads += 1

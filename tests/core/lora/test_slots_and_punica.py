@@ -129,6 +129,10 @@ def test_slots_lru_to_the_cpu_tier_and_its_own_limit(tmp_path, write_adapter):
 
     new_a = load_file(str(tmp_path / "a" / "adapter_model.safetensors"))["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"]
     torch.testing.assert_close(q.lora_a[slot, :, :4].T, new_a)
+    # a request validated against content no longer on disk (nor cached) runs with the files as they are
+    gone = LoRARequest("a", 1, str(tmp_path / "a"), "f" * 64)
+    stale = slots.activate([gone])[gone.key]
+    torch.testing.assert_close(q.lora_a[stale, :, :4].T, new_a)
 
 
 def test_modules_an_adapter_does_not_target_get_a_zeroed_slot(tmp_path, write_adapter):
