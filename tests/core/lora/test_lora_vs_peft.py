@@ -134,12 +134,16 @@ def test_a_changed_adapter_under_the_same_name_gives_the_new_output(llm, setup, 
     assert_close(second, new_ref, "after the change")
 
 
-def test_lora_request_without_enable_lora_names_the_flag(tiny_checkpoint, setup):
-    llm = LLM(setup["base"], skip_tokenizer_init=True, num_gpu_blocks_override=16)
-    with pytest.raises(ValueError, match="--enable-lora"):
-        llm.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(max_tokens=2),
-                     lora_request=LoRARequest("attn4", 1, setup["paths"]["attn4"]))
-    assert not llm.engine.scheduler.requests
+def test_lora_request_without_enable_lora_names_the_flag(llm, setup):
+    """The same engine configuration with LoRA off (the input processor is what refuses)."""
+    import dataclasses
+
+    from host.core.frontend.input_processor import InputProcessor
+
+    processor = InputProcessor(dataclasses.replace(llm.config, lora=None), None)
+    with pytest.raises(ValueError, match="start it with --enable-lora"):
+        processor.process("x", [5, 6, 7], SamplingParams(max_tokens=2),
+                          lora_request=LoRARequest("attn4", 1, setup["paths"]["attn4"]))
 
 
 def test_a_bad_adapter_is_refused_before_it_reaches_the_engine(llm, setup):
