@@ -157,6 +157,9 @@ class SchedulerConfig:
     policy: str = "fcfs"
     # plan step N+1 while step N runs on the device (EngineArgs: on for accelerators by default)
     async_scheduling: bool = False
+    # a pooling model: each prompt runs whole in one step (chunked prefill off) and the front end
+    # refuses prompts over max_num_batched_tokens, so the budget may be below max_model_len
+    whole_prompts: bool = False
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:

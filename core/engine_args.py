@@ -278,6 +278,7 @@ class EngineArgs:
                 max_num_batched_tokens=batched,
                 max_model_len=ctx_len,
                 enable_chunked_prefill=chunked,
+                whole_prompts=pooling,
                 long_prefill_token_threshold=self.long_prefill_token_threshold,
                 policy=self.scheduling_policy,
                 async_scheduling=not pooling and (self.async_scheduling if self.async_scheduling is not None else platform.device_type != "cpu"),

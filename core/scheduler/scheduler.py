@@ -70,6 +70,7 @@ class Scheduler:
         if (
             not scheduler_config.enable_chunked_prefill
             and scheduler_config.max_num_batched_tokens < scheduler_config.max_model_len
+            and not getattr(scheduler_config, "whole_prompts", False)  # a pooling model's front end checks it
         ):
             raise ValueError(
                 f"max_num_batched_tokens={scheduler_config.max_num_batched_tokens} is smaller than "
