@@ -111,3 +111,13 @@ def test_lora_config_checks_its_values():
         LoRAConfig(max_loras=0)
     with pytest.raises(ValueError, match="max_lora_rank=0"):
         LoRAConfig(max_lora_rank=0)
+
+
+def test_tensor_parallel_lora_is_refused_at_start_with_the_reason():
+    from host.core.config import EngineConfig, ParallelConfig
+    from host.core.lora.support import check_lora_support
+
+    config = EngineConfig(parallel=ParallelConfig(tensor_parallel_size=2), lora=LoRAConfig())
+    with pytest.raises(ValueError, match="--enable-lora with tensor_parallel_size=2 is not supported yet .* use -tp 1"):
+        check_lora_support(config)
+    check_lora_support(EngineConfig(parallel=ParallelConfig(pipeline_parallel_size=2), lora=LoRAConfig()))
