@@ -63,6 +63,9 @@ class ServerSettings:
     # POST /v1/load_lora_adapter and /v1/unload_lora_adapter (else 404)
     lora_modules: list[str] = field(default_factory=list)
     enable_lora_runtime_updates: bool = False
+    # --io-processor NAME: the host.io_processors processor /pooling uses when a request names
+    # none (else the model's config.json io_processor_plugin; docs/pooling.md)
+    io_processor: str | None = None
     # --allowed-origins / --allowed-methods / --allowed-headers / --allow-credentials: CORS headers
     # (starlette's CORSMiddleware keywords); None sends none (vLLM sends them for any origin)
     cors: dict[str, Any] | None = None
@@ -72,6 +75,12 @@ class ServerSettings:
     metrics_prefix: str = "host"
     log_stats_interval: float = 10.0
     disable_log_stats: bool = False
+
+
+def tasks_of(config: Any) -> tuple[str, ...]:
+    """What the served model does, for ``ServerSettings.model_tasks``: ``("embed", "score")`` for
+    a pooling model (``config.model.runner``), else ``("generate",)``."""
+    return ("embed", "score") if getattr(config.model, "runner", "generate") == "pooling" else MODEL_TASKS
 
 
 def served_model_names(config: Any, settings: ServerSettings) -> list[str]:

@@ -1,8 +1,9 @@
 """Built-in HTTP routes (entry point ``host.endpoints: builtin_endpoints``): the OpenAI API
 (``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``) and the server routes
 (``/tokenize``, ``/detokenize``, ``/tokenizer_info``, ``/health``, ``/version``, ``/load``, ``/metrics``,
-``/v1/plugins``), SageMaker's ``/invocations`` and the LoRA adapter registry with its load/unload routes,
-each an :class:`host.sdk.EndpointPlugin` registered exactly as a third-party one would be."""
+``/v1/plugins``), SageMaker's ``/invocations``, the LoRA adapter registry with its load/unload routes,
+the pooling routes (``/v1/embeddings``, ``/pooling``, ``/v1/score``, ``/rerank``; the other runner's
+routes a 400 naming the flag), each an :class:`host.sdk.EndpointPlugin` registered exactly as a third-party one would be."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from host.sdk import hookimpl
 def host_register_endpoints(register: Callable[..., None]) -> None:
     from host.plugins.endpoints.chat import ChatCompletionsEndpoint
     from host.plugins.endpoints.completions import CompletionsEndpoint
+    from host.plugins.endpoints.embeddings import EmbeddingsEndpoint
     from host.plugins.endpoints.lora_routes import LoRAAdaptersEndpoint
+    from host.plugins.endpoints.pooling_routes import PoolingEndpoint
     from host.plugins.endpoints.sagemaker import InvocationsEndpoint
     from host.plugins.endpoints.server_routes import (
         HealthEndpoint,
@@ -26,6 +29,7 @@ def host_register_endpoints(register: Callable[..., None]) -> None:
         TokenizeEndpoint,
         TokenizerInfoEndpoint,
     )
+    from host.plugins.endpoints.wrong_runner import GenerativeModelRefusals, PoolingModelRefusals
 
     for plugin in (
         CompletionsEndpoint(),
@@ -39,5 +43,9 @@ def host_register_endpoints(register: Callable[..., None]) -> None:
         MetricsEndpoint(),
         PluginsEndpoint(),
         LoRAAdaptersEndpoint(),
+        EmbeddingsEndpoint(),
+        PoolingEndpoint(),
+        PoolingModelRefusals(),
+        GenerativeModelRefusals(),
     ):
         register(plugin)

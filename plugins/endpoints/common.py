@@ -75,6 +75,11 @@ def encode_text(
         ids = tokenizer.encode(text, add_special_tokens=add_special_tokens)
         _check_count(check, len(ids), param)
         return ids
+    if backend.padding is not None or backend.truncation is not None:
+        # a tokenizer.json's own padding / truncation (MiniLM's: fixed at 128) is off, as the
+        # tokenizer's encode() turns it off
+        backend.no_padding()
+        backend.no_truncation()
     encoding = backend.encode_batch([text], add_special_tokens=add_special_tokens)[0]
     _check_count(check, len(encoding), param)
     return encoding.ids

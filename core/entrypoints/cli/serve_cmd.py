@@ -114,6 +114,10 @@ def serve_cmd(
         False, "--enable-lora-runtime-updates", envvar="HOST_ALLOW_RUNTIME_LORA_UPDATING",
         help="Serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (else 404).",
     ),
+    io_processor: Optional[str] = typer.Option(
+        None, "--io-processor", "--io-processor-plugin", help="The IO processor (host.io_processors) POST /pooling runs a request's data through "
+        "when it names none, e.g. text_chunks (default: the model's config.json io_processor_plugin, else none).",
+    ),
     uvicorn_log_level: Optional[str] = typer.Option(None, "--uvicorn-log-level", help="uvicorn's log level (default: --log-level)."),
     disable_uvicorn_access_log: bool = typer.Option(False, "--disable-uvicorn-access-log", help="No access-log line per request."),
     root_path: Optional[str] = typer.Option(None, "--root-path", help="The path prefix a proxy serves this server under (ASGI root_path)."),
@@ -176,6 +180,7 @@ def serve_cmd(
                           "enable_server_load_tracking": enable_server_load_tracking,
                           "disable_fastapi_docs": disable_fastapi_docs,
                           "lora_modules": list(lora_modules or []), "enable_lora_runtime_updates": enable_lora_runtime_updates,
+                          "io_processor": io_processor,
                           "cors": cors_settings(allowed_origins, allowed_methods, allowed_headers, allow_credentials)},
         )
     except (ValueError, RuntimeError) as exc:
@@ -275,7 +280,7 @@ def run_server(
     import uvicorn
 
     from host.core.engine_args import EngineArgs
-    from host.core.entrypoints.api_server import ServerSettings, build_app
+    from host.core.entrypoints.api_server import ServerSettings, build_app, tasks_of
     from host.core.plugins.manager import get_plugin_host
 
     plugin_host = get_plugin_host()
@@ -283,6 +288,7 @@ def run_server(
     config = EngineArgs.from_kwargs(model=model, served_model_name=(served_model_names or [None])[0], **engine_kwargs).create_engine_config()
     app = build_app(config, ServerSettings(
         served_model_names=served_model_names, api_key=api_key, max_sequences_per_request=max_sequences_per_request,
+        model_tasks=tasks_of(config),
         max_queued_requests=max_queued_requests, max_request_bytes=max_request_bytes, trust_request_chat_template=trust_request_chat_template,
         shutdown_timeout=shutdown_timeout, exit_on_engine_death=exit_on_engine_death, engine_heartbeat_timeout=engine_heartbeat_timeout,
         **(stat_settings or {}), **(api_settings or {}),
