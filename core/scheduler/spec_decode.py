@@ -6,8 +6,11 @@ report.
 The auto-off, per request: every step in which a request verified drafts adds
 ``accepted / drafted`` to a window of its last ``auto_off_window`` drafted steps. Once the
 window is full and its mean is below ``auto_off_threshold``, the request gets no drafts for
-``auto_off_probe_steps`` steps (it decodes one token a step, at the plain path's cost); then
-its window is cleared and it is probed again.
+``auto_off_probe_steps`` of its decode steps (it decodes one token a step, at the plain path's
+cost); then it is probed again: a probe is judged on its first ``max(2, auto_off_window // 4)``
+drafted steps. A probe that fails turns drafts off again for twice as long as the last time
+(at most 8x ``auto_off_probe_steps``), so a request that never gains pays for few probes; one
+that passes goes back to the full window.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ def check_speculative_support(config: "EngineConfig", async_explicit: bool) -> N
 class _AutoOff:
     window: deque = field(default_factory=deque)
     off_steps_left: int = 0  # the request's decode steps still run without drafts
+    strikes: int = 0  # consecutive turn-offs (0: not probing)
 
 
 @dataclass
@@ -115,12 +119,19 @@ class SpecDecodeScheduling:
             return
         auto = self._auto.setdefault(req_id, _AutoOff())
         auto.window.append(num_accepted / num_drafted)
-        if len(auto.window) > self.spec.auto_off_window:
+        window = self.spec.auto_off_window
+        if len(auto.window) > window:
             auto.window.popleft()
-        if len(auto.window) == self.spec.auto_off_window and sum(auto.window) / len(auto.window) < threshold:
+        needed = window if auto.strikes == 0 else max(2, window // 4)  # a probe is judged sooner
+        if len(auto.window) < needed:
+            return
+        if sum(auto.window) / len(auto.window) < threshold:
             auto.window.clear()
-            auto.off_steps_left = self.spec.auto_off_probe_steps
-            logger.debug("speculation off for request %s for %d steps (low acceptance)", req_id, self.spec.auto_off_probe_steps)
+            auto.off_steps_left = self.spec.auto_off_probe_steps * 2 ** min(auto.strikes, 3)
+            auto.strikes += 1
+            logger.debug("speculation off for request %s for %d steps (low acceptance)", req_id, auto.off_steps_left)
+        else:
+            auto.strikes = 0  # a probe passed: back to the full window
 
     def is_off(self, req_id: str) -> bool:
         """Whether the auto-off holds ``req_id``'s drafts back now."""

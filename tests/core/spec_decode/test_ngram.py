@@ -87,6 +87,23 @@ def test_auto_off_after_a_window_of_low_acceptance_then_a_probe():
     assert sched.stats.num_accepted_tokens_per_pos == [11, 10, 10, 0]
 
 
+def test_failed_probes_back_off():
+    spec = SpeculativeConfig(auto_off_threshold=0.5, auto_off_window=8, auto_off_probe_steps=3)
+    sched = SpecDecodeScheduling(spec, max_model_len=64)
+    r = _decoding()
+    offs = []
+    for _ in range(5):
+        while not sched.is_off("a"):
+            sched.record("a", 4, 0)
+        n = 0
+        while sched.drafts_for(r, 100, 1) == []:
+            n += 1
+        offs.append(n)
+    # off for 3, 6, 12, 24, 24 steps; each probe judged on 2 drafted steps
+    assert offs == [3, 6, 12, 24, 24]
+    assert sched.stats.num_drafts == 8 + 4 * 2
+
+
 def test_auto_off_threshold_zero_never_turns_off():
     sched = SpecDecodeScheduling(SpeculativeConfig(auto_off_threshold=0.0, auto_off_window=2), max_model_len=64)
     for _ in range(20):
