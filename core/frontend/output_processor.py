@@ -229,6 +229,8 @@ class OutputProcessor:
                 seq.last_token = now
                 done.num_generation_tokens += len(out.new_token_ids)
                 timing.on_tokens(now, len(out.new_token_ids))
+            elif out.pooling_output is not None:  # a pooling request: its prompt ran, nothing was generated
+                done.num_prompt_tokens += len(parent.result.prompt_token_ids)
             result, stop_str = self.process(out)
             if stop_str is not None and not out.finished:
                 done.reqs_to_abort.append(out.req_id)  # a stop string ended it: free its blocks
