@@ -61,7 +61,10 @@ class LoRALinear(nn.Module):
         width = len(slices) * max_rank
         # plain attributes, not parameters or buffers: the checkpoint loader and state_dict
         # never see them
-        self.lora_a = torch.zeros(max_loras, in_features, width, dtype=dtype, device=device)
+        # A is stored [in, slots, R] and seen as [slots, in, R]: every slot's A side by side is then
+        # one contiguous [in, slots * R] matrix (the several-adapter shrink, punica.py)
+        self._a_storage = torch.zeros(in_features, max_loras, width, dtype=dtype, device=device)
+        self.lora_a = self._a_storage.transpose(0, 1)
         self.lora_b = torch.zeros(max_loras, width, self.out_features, dtype=dtype, device=device)
         self.active = [False] * max_loras
         self._impl = kernel_for(OP, torch.device(device).type)

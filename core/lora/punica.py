@@ -15,15 +15,20 @@ for every device (``"*"``); a platform registers a faster one for its device typ
 (``plugins/triton_ops/lora.py`` for ``cuda``). ``active[s]`` is False where slot ``s`` holds
 nothing for this module (an adapter that does not target it): those tokens are skipped.
 
-The torch path groups the step's tokens by slot once per step (host-side, in
-:func:`build_mapping`), then per layer runs two GEMMs per adapter in the step over that
-adapter's rows: with few adapters that is a handful of large, BLAS-friendly products; a step on
-one adapter alone uses the rows as they are, without a gather.
+The torch path has three shapes, chosen per call from the step's grouping (made once per step,
+host-side, in :func:`build_mapping`):
+
+- one adapter for every token: ``out += (x @ a[s]) @ b[s]``, two GEMMs, no gather;
+- one adapter and base tokens: the same over that adapter's rows (a gather and a scatter-add);
+- several adapters: ONE shrink over every slot's A side by side (``x @ [a_0 | a_1 | ...]``), each
+  token's row masked to its own slot's ranks, then ONE expand over the B's stacked
+  (``h @ [b_0; b_1; ...]``). The FLOPs grow with ``max_loras`` (small), the number of calls does
+  not: on the CPU the calls, not the FLOPs, are what a rank-16 product costs.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
@@ -45,6 +50,18 @@ class LoRAMapping:
     token_slots: torch.Tensor
     groups: list[tuple[int, torch.Tensor | None]]
     num_tokens: int
+    _masks: dict[tuple[Any, ...], torch.Tensor] = field(default_factory=dict, repr=False)
+
+    def slot_mask(self, num_slots: int, rank: int, dtype: torch.dtype) -> torch.Tensor:
+        """``[num_tokens, num_slots * rank]``: 1 where the column belongs to the token's slot (built
+        once per step for each buffer width, shared by the layers)."""
+        key = (num_slots, rank, dtype)
+        mask = self._masks.get(key)
+        if mask is None:
+            cols = torch.arange(num_slots * rank, device=self.token_slots.device) // rank
+            mask = (self.token_slots.long()[:, None] == cols[None, :]).to(dtype)
+            self._masks[key] = mask
+        return mask
 
 
 def build_mapping(token_slots: np.ndarray, device: torch.device) -> LoRAMapping | None:
@@ -70,15 +87,23 @@ def lora_shrink_expand_torch(
     x: torch.Tensor, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, mapping: LoRAMapping,
     active: Sequence[bool] | None = None,
 ) -> torch.Tensor:
-    """The reference (every device): per slot of the step, ``out[rows] += (x[rows] @ a[s]) @
-    b[s]``, in ``x``'s dtype (as PEFT computes ``lora_B(lora_A(x))``)."""
-    for slot, rows in mapping.groups:
-        if active is not None and not active[slot]:
-            continue
+    """The reference (every device): ``out[t] += (x[t] @ a[s]) @ b[s]`` for each token's slot
+    ``s``, in ``x``'s dtype (as PEFT computes ``lora_B(lora_A(x))``); see the module docstring."""
+    groups = mapping.groups if active is None else [(s, rows) for s, rows in mapping.groups if active[s]]
+    if not groups:
+        return out
+    if len(groups) == 1:
+        slot, rows = groups[0]
         if rows is None:
             out.addmm_(x @ a[slot], b[slot])  # the expand and the add in one call
         else:
             out.index_add_(0, rows, (x.index_select(0, rows) @ a[slot]) @ b[slot])
+        return out
+    # several adapters: slots this module leaves untargeted are zero, base rows are masked out
+    num_slots, k, r = a.shape
+    a_all = a.transpose(0, 1).reshape(k, num_slots * r)  # a view of LoRALinear's [in, slots, R] storage
+    h = (x @ a_all).mul_(mapping.slot_mask(num_slots, r, x.dtype))
+    out.addmm_(h, b.reshape(num_slots * r, -1))
     return out
 
 

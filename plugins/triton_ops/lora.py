@@ -95,7 +95,7 @@ def lora_shrink_expand_triton(
         return kernel_for(OP, ANY_DEVICE)(x, out, a, b, mapping, active)
     if x.stride(-1) != 1:
         x = x.contiguous()
-    assert out.stride(-1) == 1 and a.is_contiguous() and b.is_contiguous(), "lora_shrink_expand wants contiguous rows"
+    assert out.stride(-1) == 1 and a.stride(-1) == 1 and b.is_contiguous(), "lora_shrink_expand wants contiguous rows"
     _, k, r = a.shape
     n = b.shape[2]
     block_r = max(16, triton.next_power_of_2(r))
