@@ -6,11 +6,14 @@ same run:
   a list, a paragraph, SQL), so the answer copies tokens the prompt holds and ngram's drafts
   are accepted; target: 1.8x the plain decode tok/s. The greedy tokens of both engines must be
   equal (they are compared);
-- **low acceptance** (greedy): chat prompts whose answers are lists of distinct items (animals,
-  countries, numbers in words), so ngram keeps finding the list's separators earlier and
-  proposes the previous item, which the model does not repeat: the auto-off must keep the
-  slowdown <= 5 %. The same workload also runs with the auto-off disabled
-  (``auto_off_threshold: 0``), to show what it saves.
+- **lists** (greedy): chat prompts whose answers are lists of distinct items (animals,
+  countries, numbers in words): ngram finds the list's separators earlier and proposes the
+  previous item; part of it repeats (measured: about half the drafts accepted);
+- **low acceptance** (greedy): free prose (stories, essays), where the few n-grams that recur
+  are rarely followed by the same words: the auto-off must keep the slowdown <= 5 %.
+
+The last two also run with the auto-off disabled (``auto_off_threshold: 0``), to show what it
+costs or saves.
 
 Each prompt runs on every engine, rotating which goes first, after a warm-up request per
 engine; tok/s is the generated tokens over the wall time of the requests (prefill included,
@@ -71,6 +74,14 @@ REPETITIVE = [
     f"Repeat the following paragraph word for word: {PARAGRAPH}",
     f"Repeat this SQL query exactly:\n\n{SQL}",
     f"Quote this code back to me exactly:\n\n{CODE}",
+]
+PROSE = [
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "Write an essay on why cities should plant more trees.",
+    "Describe a walk through a busy market on a rainy morning.",
+    "Write a letter from a sailor to his sister about his first voyage.",
+    "Explain to a child how rain forms, in a friendly tone.",
+    "Write a short story about a robot learning to paint.",
 ]
 LISTS = [
     "List 40 different animals, one per line, numbered.",
@@ -136,6 +147,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--max-tokens", type=int, default=None)
     ap.add_argument("--num-prompts", type=int, default=None, help="prompts per workload (default 6; --quick 2)")
+    ap.add_argument("--workloads", default="repetitive,lists,low_acceptance", help="which workloads, comma-separated")
     args = ap.parse_args()
     max_tokens = args.max_tokens or (32 if args.quick else 128)
     load_before = os.getloadavg()
@@ -147,11 +159,15 @@ def main() -> None:
     spec = LLM(speculative_config=SPEC, **engine)
     always = LLM(speculative_config={**SPEC, "auto_off_threshold": 0.0}, **engine)
     n = args.num_prompts or (2 if args.quick else 6)
-    repetitive = [chat_prompt(base, t) for t in REPETITIVE[:n]]
-    low = [chat_prompt(base, t) for t in LISTS[:n]]
+    prompts = {name: [chat_prompt(base, t) for t in texts[:n]]
+               for name, texts in (("repetitive", REPETITIVE), ("lists", LISTS), ("low_acceptance", PROSE))}
+    chosen = [w for w in args.workloads.split(",") if w]
+    unknown = sorted(set(chosen) - set(prompts))
+    if unknown:
+        raise SystemExit(f"unknown workloads {unknown}; choose from {', '.join(prompts)}")
     greedy = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     for llm in (base, spec, always):  # warm-up
-        run_one(llm, repetitive[0], SamplingParams(max_tokens=8, temperature=0.0))
+        run_one(llm, prompts["repetitive"][0], SamplingParams(max_tokens=8, temperature=0.0))
     result = {
         "benchmark": "spec_decode",
         "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -162,22 +178,24 @@ def main() -> None:
         "max_tokens": max_tokens,
         "batch": 1,
         "machine": {"platform": pyplatform.platform(), "cpus": os.cpu_count()},
-        "repetitive": workload({"base": base, "ngram": spec}, repetitive, lambda i: greedy),
-        "low_acceptance": workload({"base": base, "ngram": spec, "ngram_no_auto_off": always}, low, lambda i: greedy),
     }
+    for name in chosen:
+        engines = {"base": base, "ngram": spec} if name == "repetitive" else {"base": base, "ngram": spec, "ngram_no_auto_off": always}
+        result[name] = workload(engines, prompts[name], lambda i: greedy)
     result["load_average_before"] = list(load_before)
     result["load_average_after"] = list(os.getloadavg())
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / ("spec_decode_quick.json" if args.quick else "spec_decode.json")
     path.write_text(json.dumps(result, indent=2))
-    for name, w in (("repetitive", result["repetitive"]), ("low acceptance", result["low_acceptance"])):
+    for name in chosen:
+        w = result[name]
         line = f"{name:15s} plain {w['base']['tok_s']:6.1f} tok/s"
         for n in [k for k in w if k not in ("base", "num_prompts")]:
             e = w[n]
             line += (f"; {n} {e['tok_s']:6.1f} tok/s ({e['speed_vs_base']:.2f}x, acceptance "
                      f"{100 * e['acceptance_rate']:.0f}% of {e['draft_tokens']}, mean accepted length {e['mean_accepted_length']:.2f})")
         print(line)
-    equal = [result[w][n]["equal_tokens_to_base"] for w in ("repetitive", "low_acceptance")
+    equal = [result[w][n]["equal_tokens_to_base"] for w in chosen
              for n in result[w] if n not in ("base", "num_prompts")]
     print(f"greedy tokens equal to the plain engine's: {all(equal)}")
     print(f"load average before {load_before}, after {result['load_average_after']}; saved {path}")
