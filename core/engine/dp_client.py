@@ -45,23 +45,36 @@ def _all_true(results: list[Any]) -> bool:
     return all(bool(r) for r in results)
 
 
+def _merge(a: Any, b: Any) -> Any:
+    """Two engines' values of one stats field as one: numbers summed, lists summed position by
+    position (spec decode's per-position counts), dicts merged key by key (a KV connector's
+    counters, the LoRA adapters' request counts), ``None`` taking the other side."""
+    if a is None:
+        return b
+    if b is None:
+        return a
+    if isinstance(a, dict) and isinstance(b, dict):
+        return {k: _merge(a.get(k), b.get(k)) for k in {**a, **b}}
+    if isinstance(a, list) and isinstance(b, list):
+        longer, shorter = (a, b) if len(a) >= len(b) else (b, a)
+        return [x + (shorter[i] if i < len(shorter) else 0) for i, x in enumerate(longer)]
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a + b
+    return a
+
+
 def sum_stats(results: list[Any]) -> dict[str, Any]:
     """Several engines' :class:`SchedulerStats` (as objects or as the dicts the wire gives) as
-    one: counts and totals summed, ``kv_cache_usage`` averaged, the hit rate recomputed."""
+    one: counts and totals summed (optional dict fields merged by :func:`_merge`),
+    ``kv_cache_usage`` averaged, the hit rate recomputed."""
     rows = [r if isinstance(r, dict) else {f: getattr(r, f) for f in r.__struct_fields__} for r in results]
-    out: dict[str, Any] = {f: 0 for f in SchedulerStats.__struct_fields__}
-    out["kv_connector_stats"] = None  # a dict of counters when the engines have a KV connector
+    defaults = SchedulerStats()
+    out: dict[str, Any] = {f: getattr(defaults, f) for f in SchedulerStats.__struct_fields__}
     for row in rows:
         for key, value in row.items():
-            if isinstance(value, dict):  # kv_connector_stats: summed per counter
-                merged = out.get(key) or {}
-                for k, v in value.items():
-                    merged[k] = merged.get(k, 0) + v
-                out[key] = merged
-            elif value is not None:
-                out[key] = (out.get(key) or 0) + value
+            out[key] = _merge(out.get(key), value)
     if rows:
-        out["kv_cache_usage"] = out.get("kv_cache_usage", 0.0) / len(rows)
+        out["kv_cache_usage"] = (out.get("kv_cache_usage") or 0.0) / len(rows)
     queries = out.get("prefix_cache_queries", 0)
     out["prefix_cache_hit_rate"] = out.get("prefix_cache_hits", 0) / queries if queries else 0.0
     return out
