@@ -255,7 +255,8 @@ class DecoderModel(nn.Module):
         )
         # a platform may install decode_kernel(input_ids, positions, embeddings) running the
         # whole layer stack (final norm included) in one call; it returns None for a batch it
-        # does not take, which then runs layer by layer
+        # does not take, which then runs layer by layer. Its ``max_rows`` is the most one-token
+        # rows it takes (speculative verification lays drafts out as rows up to that many)
         self.decode_kernel: Callable[..., torch.Tensor | None] | None = None
 
     def forward(
