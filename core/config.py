@@ -21,6 +21,25 @@ KV_LOAD_FAILURE_POLICIES = ("recompute", "fail")
 as float8_e4m3fn with a per-layer scale (docs/quantization.md, "fp8 KV cache")."""
 
 
+
+def json_flag_object(value: Any, flag: str, name: str, known: set[str]) -> dict[str, Any]:
+    """A JSON-object flag's value (``--kv-transfer-config '{...}'``) as a dict: a JSON string is
+    parsed, a dict taken as it is; bad JSON, a non-object and unknown keys are ``ValueError``s
+    naming the flag and the known keys."""
+    import json
+
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{flag} is not valid JSON ({e}): {value!r}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{name}={value!r} must be a JSON object")
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise ValueError(f"{name} has unknown keys {unknown}; known keys: {', '.join(sorted(known))}")
+    return value
+
 @dataclass
 class ModelConfig:
     """Which model to run and in which dtype.
@@ -367,22 +386,10 @@ class KVTransferConfig:
         """A config from a dict, a JSON string (the flag), itself, or None (no connector).
         Unknown keys are a ValueError naming the known ones."""
         import dataclasses
-        import json
 
         if value is None or isinstance(value, cls):
             return value
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"--kv-transfer-config is not valid JSON ({e}): {value!r}") from None
-        if not isinstance(value, dict):
-            raise ValueError(f"kv_transfer_config={value!r} must be a JSON object")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(value) - known)
-        if unknown:
-            raise ValueError(f"kv_transfer_config has unknown keys {unknown}; known keys: {', '.join(sorted(known))}")
-        return cls(**value)
+        return cls(**json_flag_object(value, "--kv-transfer-config", "kv_transfer_config", {f.name for f in dataclasses.fields(cls)}))
 
     @property
     def is_kv_producer(self) -> bool:
@@ -476,22 +483,10 @@ class SpeculativeConfig:
         """A config from a dict, a JSON string (the flag), itself, or None (no speculation).
         Unknown keys are a ValueError naming the known ones."""
         import dataclasses
-        import json
 
         if value is None or isinstance(value, cls):
             return value
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"--speculative-config is not valid JSON ({e}): {value!r}") from None
-        if not isinstance(value, dict):
-            raise ValueError(f"speculative_config={value!r} must be a JSON object")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(value) - known)
-        if unknown:
-            raise ValueError(f"speculative_config has unknown keys {unknown}; known keys: {', '.join(sorted(known))}")
-        return cls(**value)
+        return cls(**json_flag_object(value, "--speculative-config", "speculative_config", {f.name for f in dataclasses.fields(cls)}))
 
 
 @dataclass

@@ -52,19 +52,11 @@ class PoolerConfig:
 
 def parse_pooler_override(value: dict[str, Any] | str | None) -> dict[str, Any]:
     """``--pooler-config`` (JSON or a dict) as a checked dict; unknown keys are a ValueError."""
+    from host.core.config import json_flag_object
+
     if value is None:
         return {}
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"--pooler-config is not valid JSON ({e}): {value!r}") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"pooler_config={value!r} must be a JSON object like {{\"pooling_type\": \"MEAN\"}}")
-    unknown = sorted(set(value) - {"pooling_type", "normalize"})
-    if unknown:
-        raise ValueError(f"pooler_config has unknown keys {unknown}; known keys: normalize, pooling_type")
-    return dict(value)
+    return dict(json_flag_object(value, "--pooler-config", "pooler_config", {"pooling_type", "normalize"}))
 
 
 def sentence_transformers_pooler(path: str) -> PoolerConfig | None:
