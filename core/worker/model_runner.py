@@ -464,7 +464,7 @@ class ModelRunner:
                 states[index].output_token_ids.append(token)
             k = logprobs_k[i]
             if k is not None and logprobs is not None:
-                logprob_lists[i] = [_row_logprobs(logprobs, i, k)]
+                logprob_lists[i] = [logprobs.row(i, k)]
         if rows:
             r = np.array(rows, dtype=np.int64)
             n = batch.num_tokens[r]
@@ -515,15 +515,6 @@ class ModelRunner:
                 targets = torch.tensor(state.prompt_token_ids[first + 1 : last + 1], dtype=torch.int64, device=logits.device)
                 lp = gather_logprobs(logits.float().log_softmax(dim=-1), k, targets)
                 lp = LogprobsTensors(lp.token_ids.cpu(), lp.logprobs.cpu(), lp.ranks.cpu())
-                out[state.req_id] = [_row_logprobs(lp, j, k) for j in range(last - first)]
+                out[state.req_id] = [lp.row(j, k) for j in range(last - first)]
             start += n
         return out
-
-
-def _row_logprobs(lp: LogprobsTensors, row: int, k: int) -> TokenLogprobs:
-    width = lp.token_ids.shape[1] if k == -1 else 1 + k
-    return TokenLogprobs(
-        token_ids=lp.token_ids[row, :width].tolist(),
-        logprobs=lp.logprobs[row, :width].tolist(),
-        rank=int(lp.ranks[row]),
-    )

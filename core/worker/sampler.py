@@ -24,9 +24,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from host.core.engine.protocol import TokenLogprobs
 
 _GREEDY_EPS = 1e-5
 _TOP_P_CANDIDATES = 1024  # candidate set tried first for top-p rows without a top-k
@@ -81,6 +84,18 @@ class LogprobsTensors:
     token_ids: torch.Tensor  # int64 [B, 1 + k]
     logprobs: torch.Tensor  # float32 [B, 1 + k]
     ranks: torch.Tensor  # int64 [B]
+
+    def row(self, row: int, k: int) -> "TokenLogprobs":
+        """Row ``row`` as the wire's :class:`TokenLogprobs`, with ``k`` top tokens (``-1``: all
+        the columns there are)."""
+        from host.core.engine.protocol import TokenLogprobs
+
+        width = self.token_ids.shape[1] if k == -1 else 1 + k
+        return TokenLogprobs(
+            token_ids=self.token_ids[row, :width].tolist(),
+            logprobs=self.logprobs[row, :width].tolist(),
+            rank=int(self.ranks[row]),
+        )
 
 
 @dataclass

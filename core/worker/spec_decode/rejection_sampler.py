@@ -231,18 +231,9 @@ class RejectionSampler:
                 n = 0
                 for i in want:
                     k = states[i].sampling_params.logprobs
-                    logprobs[i] = [_row_logprobs(lp, n + j, k) for j in range(len(out_tokens[i]))]
+                    logprobs[i] = [lp.row(n + j, k) for j in range(len(out_tokens[i]))]
                     n += len(out_tokens[i])
         return VerifyOutput(out_tokens, num_accepted, logprobs)
-
-
-def _row_logprobs(lp: LogprobsTensors, row: int, k: int) -> TokenLogprobs:
-    width = lp.token_ids.shape[1] if k == -1 else 1 + k
-    return TokenLogprobs(
-        token_ids=lp.token_ids[row, :width].tolist(),
-        logprobs=lp.logprobs[row, :width].tolist(),
-        rank=int(lp.ranks[row]),
-    )
 
 
 __all__ = ["DraftRow", "RejectionSampler", "SamplingMetadata", "VerifyOutput", "expand_rows", "target_probs"]
