@@ -35,9 +35,10 @@ def test_list_json_shows_builtins_with_groups_and_processes():
     assert ("host.platforms", "cuda") in rows and ("host.platforms", "rocm") in rows
     assert rows[("host.executors", "uniproc")]["processes"] == ["engine"]
     assert rows[("host.endpoints", "builtin_endpoints")]["processes"] == ["api"]
-    assert rows[("host.general", "builtin_models")]["registered"] == [
-        "models:LlamaForCausalLM", "models:Qwen2ForCausalLM", "models:Qwen3ForCausalLM"
-    ]
+    from host.plugins.builtin_models import ARCHITECTURES
+
+    assert rows[("host.general", "builtin_models")]["registered"] == [f"models:{arch}" for arch in ARCHITECTURES]
+    assert "models:LlamaForCausalLM" in rows[("host.general", "builtin_models")]["registered"]
 
 
 def test_list_shows_third_party_status_and_reasons(fixture_sites):

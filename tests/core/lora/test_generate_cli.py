@@ -64,7 +64,8 @@ def test_generate_with_lora_modules_prints_the_adapters_completion(model_dir, ad
     ids = tokenizer(prompt)["input_ids"]
     want = greedy(peft.PeftModel.from_pretrained(hf_model(model_dir), adapter).eval(), ids, 6)
     assert want != greedy(hf_model(model_dir), ids, 6)  # the adapter changes the completion
-    assert result.output.strip() == (prompt + tokenizer.decode(want)).strip()
+    # stdout only: the completion (the log lines go to stderr)
+    assert result.stdout.strip() == (prompt + tokenizer.decode(want)).strip()
 
 
 def test_lora_modules_without_enable_lora_names_the_flag(model_dir, adapter):
