@@ -40,6 +40,16 @@ def json_flag_object(value: Any, flag: str, name: str, known: set[str]) -> dict[
         raise ValueError(f"{name} has unknown keys {unknown}; known keys: {', '.join(sorted(known))}")
     return value
 
+
+def config_from_flag(cls: type, value: Any, flag: str, name: str) -> Any:
+    """A config dataclass from a JSON-object flag's value: itself or ``None`` as they are, else
+    :func:`json_flag_object` checked against the dataclass's fields."""
+    import dataclasses
+
+    if value is None or isinstance(value, cls):
+        return value
+    return cls(**json_flag_object(value, flag, name, {f.name for f in dataclasses.fields(cls)}))
+
 @dataclass
 class ModelConfig:
     """Which model to run and in which dtype.
@@ -385,11 +395,7 @@ class KVTransferConfig:
     def from_value(cls, value: "KVTransferConfig | dict[str, Any] | str | None") -> "KVTransferConfig | None":
         """A config from a dict, a JSON string (the flag), itself, or None (no connector).
         Unknown keys are a ValueError naming the known ones."""
-        import dataclasses
-
-        if value is None or isinstance(value, cls):
-            return value
-        return cls(**json_flag_object(value, "--kv-transfer-config", "kv_transfer_config", {f.name for f in dataclasses.fields(cls)}))
+        return config_from_flag(cls, value, "--kv-transfer-config", "kv_transfer_config")
 
     @property
     def is_kv_producer(self) -> bool:
@@ -482,11 +488,7 @@ class SpeculativeConfig:
     def from_value(cls, value: "SpeculativeConfig | dict[str, Any] | str | None") -> "SpeculativeConfig | None":
         """A config from a dict, a JSON string (the flag), itself, or None (no speculation).
         Unknown keys are a ValueError naming the known ones."""
-        import dataclasses
-
-        if value is None or isinstance(value, cls):
-            return value
-        return cls(**json_flag_object(value, "--speculative-config", "speculative_config", {f.name for f in dataclasses.fields(cls)}))
+        return config_from_flag(cls, value, "--speculative-config", "speculative_config")
 
 
 @dataclass

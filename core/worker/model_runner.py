@@ -34,6 +34,19 @@ from host.sdk.attention import AttentionBackend, CommonAttentionMetadata
 logger = logging.getLogger("host.model_runner")
 
 
+def kv_heads_on_rank(model: Any, hf_config: Any) -> int:
+    """KV heads each attention layer of ``model`` caches on this rank (its ``kv_heads_per_rank``
+    under -tp, else the config's)."""
+    per_rank = getattr(model, "kv_heads_per_rank", None)
+    if per_rank is not None:
+        return int(per_rank)
+    return int(getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads)
+
+
+def head_size_of(hf_config: Any) -> int:
+    return int(getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads)
+
+
 class ModelRunner:
     """Owns the model, the KV cache tensors and the persistent batch of one worker."""
 
@@ -140,14 +153,11 @@ class ModelRunner:
     @property
     def num_kv_heads(self) -> int:
         """KV heads each attention layer caches on this rank (fewer than the model's with -tp)."""
-        per_rank = getattr(self.model, "kv_heads_per_rank", None)
-        if per_rank is not None:
-            return int(per_rank)
-        return int(getattr(self.hf_config, "num_key_value_heads", None) or self.hf_config.num_attention_heads)
+        return kv_heads_on_rank(self.model, self.hf_config)
 
     @property
     def head_size(self) -> int:
-        return int(getattr(self.hf_config, "head_dim", None) or self.hf_config.hidden_size // self.hf_config.num_attention_heads)
+        return head_size_of(self.hf_config)
 
     def get_kv_cache_specs(self) -> list[Any]:
         """One spec per attention layer of this worker's stage (all full attention for the

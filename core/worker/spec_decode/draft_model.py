@@ -145,15 +145,15 @@ class DraftModelProposer(Proposer):
 
     @property
     def num_kv_heads(self) -> int:
-        per_rank = getattr(self.model, "kv_heads_per_rank", None)
-        if per_rank is not None:
-            return int(per_rank)
-        return int(getattr(self.hf_config, "num_key_value_heads", None) or self.hf_config.num_attention_heads)
+        from host.core.worker.model_runner import kv_heads_on_rank
+
+        return kv_heads_on_rank(self.model, self.hf_config)
 
     @property
     def head_size(self) -> int:
-        cfg = self.hf_config
-        return int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+        from host.core.worker.model_runner import head_size_of
+
+        return head_size_of(self.hf_config)
 
     def kv_cache_specs(self) -> list[Any]:
         """One full-attention spec per draft layer: the target's block size and KV dtype, the
