@@ -23,6 +23,7 @@ from torch import nn
 
 from host.plugins.torch_paged.metadata import TorchPagedAttentionMetadata
 from host.sdk.forward_context import get_forward_context
+from host.sdk.gguf_formats import NAMES
 
 logger = logging.getLogger("host.cpu")
 
@@ -31,8 +32,8 @@ _EMPTY = torch.empty(0)
 
 # the linear kinds of llama_decode's linear_meta
 _FLOAT32, _INT8, _GGUF, _GGUF_Q8 = 0, 1, 2, 3
-# the GGUF block types the compiled kernel reads (int(gguf.GGMLQuantizationType))
-GGUF_QTYPES = {2: "Q4_0", 3: "Q4_1", 8: "Q8_0", 12: "Q4_K", 14: "Q6_K"}
+# the GGUF block types the compiled kernel reads: every format kept quantized (int(gguf.GGMLQuantizationType) -> name)
+GGUF_QTYPES = NAMES
 
 
 def _weight(linear: nn.Module) -> torch.Tensor | None:
