@@ -26,7 +26,7 @@ import tempfile
 import time
 import uuid
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 import zmq.asyncio
@@ -42,7 +42,26 @@ from host.core.engine.protocol import (
     from_engine_decoder,
 )
 
+if TYPE_CHECKING:
+    from host.core.plugins.processes import EarlyProcess
+
 logger = logging.getLogger("host.engine_client")
+
+# what the engine process imports before it can build an engine (about 5 s on a small CPU):
+# an engine started with prestart_engine imports them while the front end makes the configuration
+ENGINE_PRELOAD = ("torch", "transformers", "host.core.engine.core", "host.core.worker.worker")
+
+
+def prestart_engine() -> "EarlyProcess":
+    """Spawn the engine-core process now, before its configuration exists: it bootstraps the
+    ``engine`` plugin groups and imports :data:`ENGINE_PRELOAD` while this process resolves the
+    configuration, then waits. Hand it to :class:`SyncMPClient` / :meth:`AsyncMPClient.start`
+    (``early=``) to run the engine in it, or call its ``cancel()``. Call it after this process
+    bootstrapped its plugin host and set the environment the engine should inherit."""
+    from host.core.engine.process import run_engine_core
+    from host.core.plugins.processes import spawn_early
+
+    return spawn_early("engine", run_engine_core, ENGINE_PRELOAD, name="host-engine-core")
 
 
 class EngineDeadError(RuntimeError):
@@ -88,7 +107,7 @@ class _EngineProcess:
     The client binds ``input`` and ``output`` before :meth:`wait_ready`; the engine connects to
     them and reports on ``ready`` once its model and KV cache are up (or why it failed)."""
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: Any, early: "EarlyProcess | None" = None) -> None:
         from host.core.engine.process import run_engine_core
         from host.core.plugins.processes import spawn_process
 
@@ -101,10 +120,15 @@ class _EngineProcess:
         try:
             self._ready_socket = self._ready_ctx.socket(zmq.PULL)
             self._ready_socket.bind(self._ready)
-            self.process = spawn_process(
-                "engine", run_engine_core, config, self.input, self.output, self._ready, name="host-engine-core"
-            )
+            if early is not None:  # spawned by prestart_engine while the configuration was made
+                self.process = early.start(config, self.input, self.output, self._ready)
+            else:
+                self.process = spawn_process(
+                    "engine", run_engine_core, config, self.input, self.output, self._ready, name="host-engine-core"
+                )
         except BaseException:
+            if early is not None:
+                early.cancel(timeout=0)
             self._ready_ctx.destroy(linger=0)
             self._remove_ipc_dir()
             raise
@@ -147,11 +171,11 @@ class SyncMPClient:
     """The engine core in its own process, driven with blocking ZMQ calls (``LLM(...,
     multiprocess=True)``)."""
 
-    def __init__(self, config: Any, startup_timeout: float = 600.0) -> None:
+    def __init__(self, config: Any, startup_timeout: float = 600.0, early: "EarlyProcess | None" = None) -> None:
         self._ctx = zmq.Context()
         self._proc: _EngineProcess | None = None
         try:
-            self._proc = _EngineProcess(config)
+            self._proc = _EngineProcess(config, early)
             self._to_engine = self._ctx.socket(zmq.PUSH)
             self._to_engine.bind(self._proc.input)
             self._from_engine = self._ctx.socket(zmq.PULL)
@@ -242,12 +266,13 @@ class AsyncMPClient:
         self._tasks = [asyncio.create_task(self._read_loop()), asyncio.create_task(self._watch_process())]
 
     @classmethod
-    async def start(cls, config: Any, startup_timeout: float = 600.0) -> "AsyncMPClient":
-        """Spawn the engine process for ``config`` and wait (off the event loop) until it is up."""
+    async def start(cls, config: Any, startup_timeout: float = 600.0, early: "EarlyProcess | None" = None) -> "AsyncMPClient":
+        """Spawn the engine process for ``config`` (or run it in ``early``, see
+        :func:`prestart_engine`) and wait (off the event loop) until it is up."""
         ctx = zmq.asyncio.Context()
         proc = None
         try:
-            proc = _EngineProcess(config)
+            proc = _EngineProcess(config, early)
             to_engine = ctx.socket(zmq.PUSH)
             to_engine.bind(proc.input)
             from_engine = ctx.socket(zmq.PULL)

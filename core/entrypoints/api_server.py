@@ -136,9 +136,11 @@ def select_endpoints(plugin_host: Any, model_tasks: tuple[str, ...]) -> list[Any
     return chosen
 
 
-def build_app(config: Any, settings: ServerSettings, plugin_host: Any, engine: Any = None, start_engine: bool = True) -> FastAPI:
+def build_app(config: Any, settings: ServerSettings, plugin_host: Any, engine: Any = None, start_engine: bool = True,
+              early_engine: Any = None) -> FastAPI:
     """The app. With ``start_engine`` the engine process is started in the app's lifespan (so
-    its sockets live on uvicorn's event loop) and stopped when the server stops."""
+    its sockets live on uvicorn's event loop) and stopped when the server stops; the engine runs
+    in ``early_engine`` when given (a :func:`~host.core.engine.client.prestart_engine` process)."""
     from host.core.frontend.async_llm import AsyncLLM, EngineDeadError
     from host.sdk import APIError
 
@@ -148,7 +150,7 @@ def build_app(config: Any, settings: ServerSettings, plugin_host: Any, engine: A
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state = app.state
         if start_engine and state.engine is None:
-            state.engine = await AsyncLLM.start(config)
+            state.engine = await AsyncLLM.start(config, early=early_engine)
         if state.engine is not None:
             state.stat_context.engine_info.update(state.engine.engine_info)
             state.engine.stat_loggers = state.stat_loggers

@@ -64,15 +64,27 @@ class AsyncLLM:
 
     # -- start-up / shut-down -------------------------------------------------------------------
     @classmethod
-    async def start(cls, config: Any, startup_timeout: float = 600.0) -> "AsyncLLM":
-        """Spawn the engine-core process for ``config`` and connect to it."""
+    async def start(cls, config: Any, startup_timeout: float = 600.0, early: Any = None) -> "AsyncLLM":
+        """Spawn the engine-core process for ``config`` (or run the engine in ``early``, a
+        :func:`~host.core.engine.client.prestart_engine` process) and connect to it; the
+        tokenizer loads while the engine starts."""
         from host.core.models.tokenizer import get_tokenizer
 
-        tokenizer = get_tokenizer(config.model.tokenizer)
         if config.parallel.data_parallel_size > 1:  # -dp N: N engine processes, requests balanced
-            engine_core = await DPAsyncMPClient.start(config, startup_timeout)
+            if early is not None:
+                early.cancel()
+            starting = asyncio.ensure_future(DPAsyncMPClient.start(config, startup_timeout))
         else:
-            engine_core = await AsyncMPClient.start(config, startup_timeout)
+            starting = asyncio.ensure_future(AsyncMPClient.start(config, startup_timeout, early))
+        try:
+            tokenizer = await asyncio.to_thread(get_tokenizer, config.model.tokenizer)
+        except BaseException:
+            starting.cancel()
+            with contextlib.suppress(BaseException):
+                engine_core = await starting
+                await engine_core.shutdown_async()
+            raise
+        engine_core = await starting
         return cls(config, tokenizer, engine_core)
 
     async def shutdown(self) -> None:

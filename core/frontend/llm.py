@@ -21,7 +21,7 @@ from typing import Any, Iterator, Sequence
 
 import msgspec
 
-from host.core.engine.client import InprocClient, SyncMPClient
+from host.core.engine.client import InprocClient, SyncMPClient, prestart_engine
 from host.core.engine.dp_client import DPSyncMPClient
 from host.core.engine.protocol import SchedulerStats
 from host.core.engine_args import EngineArgs
@@ -58,15 +58,23 @@ class LLM:
         # the engine and worker roles run here unless the engine core has its own process
         for role in ("api",) if multiprocess or data_parallel else ("api", "engine", "worker"):
             host.bootstrap(role)
-        self.config = self.engine_args.create_engine_config()
-        # skip_tokenizer_init: token ids in, token ids out (text fields stay empty)
-        self.tokenizer = None if self.engine_args.skip_tokenizer_init else get_tokenizer(self.config.model.tokenizer)
-        self.input_processor = InputProcessor(self.config, self.tokenizer)
-        self.engine_core: InprocClient | SyncMPClient | DPSyncMPClient
-        if data_parallel:
-            self.engine_core = DPSyncMPClient(self.config)
-        else:
-            self.engine_core = SyncMPClient(self.config) if multiprocess else InprocClient(self.config)
+        # an engine process starts its imports while the configuration is made (cancelled when unused)
+        early = prestart_engine() if multiprocess and not data_parallel else None
+        try:
+            self.config = self.engine_args.create_engine_config()
+            # skip_tokenizer_init: token ids in, token ids out (text fields stay empty)
+            self.tokenizer = None if self.engine_args.skip_tokenizer_init else get_tokenizer(self.config.model.tokenizer)
+            self.input_processor = InputProcessor(self.config, self.tokenizer)
+            self.engine_core: InprocClient | SyncMPClient | DPSyncMPClient
+            if data_parallel:
+                self.engine_core = DPSyncMPClient(self.config)
+            elif multiprocess:
+                self.engine_core = SyncMPClient(self.config, early=early)
+            else:
+                self.engine_core = InprocClient(self.config)
+        finally:
+            if early is not None:
+                early.cancel()
         self._ids = itertools.count()
         self.last_finish_order: list[str] = []
 

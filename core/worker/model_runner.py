@@ -25,6 +25,7 @@ from host.core.worker.forward_context import ForwardContext, set_forward_context
 from host.core.worker.graph_runner import DecodeGraphs
 from host.core.worker.host_staging import HostStaging
 from host.core.worker.input_batch import CachedRequestState, InputBatch, StepInputs
+from host.core.worker.kv_buffer import allocate_kv_buffer
 from host.core.worker.output import ModelRunnerOutput
 from host.core.worker.pipeline import PipelineStage
 from host.core.worker.sampler import LogprobsTensors, Sampler, gather_logprobs, make_metadata, seeded_generator
@@ -195,7 +196,7 @@ class ModelRunner:
         assert self.attn_backend is not None and self.pipeline is not None
         shape = self.attn_backend.get_kv_cache_shape(num_blocks, self.block_size, self.num_kv_heads, self.head_size)
         per_layer = int(np.prod(shape))
-        self.kv_buffer = torch.zeros(per_layer * len(self.kv_layers), dtype=self.kv_cache_dtype, device=self.device)
+        self.kv_buffer = allocate_kv_buffer(per_layer * len(self.kv_layers), self.kv_cache_dtype, torch.device(self.device))
         self.kv_caches = self.pipeline.layer_views(self.kv_buffer, shape)
         max_model_len = self.config.scheduler.max_model_len
         max_blocks = -(-max_model_len // self.block_size)

@@ -279,83 +279,90 @@ def run_server(
 
     import uvicorn
 
+    from host.core.engine.client import prestart_engine
     from host.core.engine_args import EngineArgs
     from host.core.entrypoints.api_server import ServerSettings, build_app, tasks_of
     from host.core.plugins.manager import get_plugin_host
 
     plugin_host = get_plugin_host()
     plugin_host.bootstrap("api")
-    config = EngineArgs.from_kwargs(model=model, served_model_name=(served_model_names or [None])[0], **engine_kwargs).create_engine_config()
-    app = build_app(config, ServerSettings(
-        served_model_names=served_model_names, api_key=api_key, max_sequences_per_request=max_sequences_per_request,
-        model_tasks=tasks_of(config),
-        max_queued_requests=max_queued_requests, max_request_bytes=max_request_bytes, trust_request_chat_template=trust_request_chat_template,
-        shutdown_timeout=shutdown_timeout, exit_on_engine_death=exit_on_engine_death, engine_heartbeat_timeout=engine_heartbeat_timeout,
-        **(stat_settings or {}), **(api_settings or {}),
-    ), plugin_host)
+    # the engine process's interpreter, torch and plugins start while the configuration is made;
+    # cancel() ends it when nothing used it (a bad flag, a server that did not start)
+    early_engine = prestart_engine()
+    try:
+        config = EngineArgs.from_kwargs(model=model, served_model_name=(served_model_names or [None])[0], **engine_kwargs).create_engine_config()
+        app = build_app(config, ServerSettings(
+            served_model_names=served_model_names, api_key=api_key, max_sequences_per_request=max_sequences_per_request,
+            model_tasks=tasks_of(config),
+            max_queued_requests=max_queued_requests, max_request_bytes=max_request_bytes, trust_request_chat_template=trust_request_chat_template,
+            shutdown_timeout=shutdown_timeout, exit_on_engine_death=exit_on_engine_death, engine_heartbeat_timeout=engine_heartbeat_timeout,
+            **(stat_settings or {}), **(api_settings or {}),
+        ), plugin_host, early_engine=early_engine)
 
-    async def announce() -> None:
-        await app.state.ready.wait()
-        engine = app.state.engine
-        info = engine.engine_info
-        try:
-            engine_plugins = await engine.utility("plugins", timeout=10)
-        except Exception:  # noqa: BLE001
-            engine_plugins = []
-        api_plugins = [r.to_dict() for r in plugin_host.list_records()]
-        lines = [
-            f"host serve: model {config.model.model} as {', '.join(app.state.served_model_names)} "
-            f"(max_model_len {config.model.max_model_len}, dtype {config.model.dtype})",
-            f"  platform: {info.get('platform')}; attention backend: {info.get('attention_backend')}; "
-            f"KV cache: {info.get('num_gpu_blocks')} blocks of {info.get('block_size')} tokens; "
-            f"{config.compilation.describe()}",
-            f"  plugins (api process {os.getpid()}): {_describe_plugins(api_plugins)}",
-            f"  plugins (engine process {info.get('pid')}): {_describe_plugins(engine_plugins)}",
-            f"  routes from: {', '.join(app.state.endpoints)}",
-            f"  listening on {'https' if (uvicorn_options or {}).get('ssl_certfile') else 'http'}://{host}:{port}"
-            + ("  (API key required)" if api_key else ""),
-        ]
-        print("\n".join(lines), file=sys.stderr, flush=True)
+        async def announce() -> None:
+            await app.state.ready.wait()
+            engine = app.state.engine
+            info = engine.engine_info
+            try:
+                engine_plugins = await engine.utility("plugins", timeout=10)
+            except Exception:  # noqa: BLE001
+                engine_plugins = []
+            api_plugins = [r.to_dict() for r in plugin_host.list_records()]
+            lines = [
+                f"host serve: model {config.model.model} as {', '.join(app.state.served_model_names)} "
+                f"(max_model_len {config.model.max_model_len}, dtype {config.model.dtype})",
+                f"  platform: {info.get('platform')}; attention backend: {info.get('attention_backend')}; "
+                f"KV cache: {info.get('num_gpu_blocks')} blocks of {info.get('block_size')} tokens; "
+                f"{config.compilation.describe()}",
+                f"  plugins (api process {os.getpid()}): {_describe_plugins(api_plugins)}",
+                f"  plugins (engine process {info.get('pid')}): {_describe_plugins(engine_plugins)}",
+                f"  routes from: {', '.join(app.state.endpoints)}",
+                f"  listening on {'https' if (uvicorn_options or {}).get('ssl_certfile') else 'http'}://{host}:{port}"
+                + ("  (API key required)" if api_key else ""),
+            ]
+            print("\n".join(lines), file=sys.stderr, flush=True)
 
-    class Server(uvicorn.Server):
-        loop: asyncio.AbstractEventLoop | None = None
+        class Server(uvicorn.Server):
+            loop: asyncio.AbstractEventLoop | None = None
 
-        async def startup(self, sockets: Any = None) -> None:
-            await super().startup(sockets)
-            if not self.should_exit:
-                self.loop = asyncio.get_running_loop()
-                app.state.drain.on_exit = self.stop
-                asyncio.ensure_future(announce())
+            async def startup(self, sockets: Any = None) -> None:
+                await super().startup(sockets)
+                if not self.should_exit:
+                    self.loop = asyncio.get_running_loop()
+                    app.state.drain.on_exit = self.stop
+                    asyncio.ensure_future(announce())
 
-        def stop(self, code: int) -> None:
-            self.should_exit = True
+            def stop(self, code: int) -> None:
+                self.should_exit = True
 
-        def handle_exit(self, sig: int, frame: Any) -> None:
-            drain = app.state.drain
-            if self.loop is None or drain.draining or not app.state.ready.is_set():
-                super().handle_exit(sig, frame)  # not serving yet, or the second signal: stop now
-                if drain.draining:
-                    self.force_exit = True
-                return
-            self._captured_signals.append(sig)  # re-raised once the server has stopped
-            self.loop.call_soon_threadsafe(drain.start, signal.Signals(sig).name)
+            def handle_exit(self, sig: int, frame: Any) -> None:
+                drain = app.state.drain
+                if self.loop is None or drain.draining or not app.state.ready.is_set():
+                    super().handle_exit(sig, frame)  # not serving yet, or the second signal: stop now
+                    if drain.draining:
+                        self.force_exit = True
+                    return
+                self._captured_signals.append(sig)  # re-raised once the server has stopped
+                self.loop.call_soon_threadsafe(drain.start, signal.Signals(sig).name)
 
-    from host.core.entrypoints.http_limits import h11_protocol_with_header_timeout
+        from host.core.entrypoints.http_limits import h11_protocol_with_header_timeout
 
-    limits = dict(http_limits or {})
-    protocol = h11_protocol_with_header_timeout(limits.pop("header_read_timeout", 10.0))
-    options = {"log_level": log_level.lower(), **(uvicorn_options or {})}  # --uvicorn-log-level, --ssl-*, --root-path
-    server = Server(uvicorn.Config(
-        app, host=host, port=port, lifespan="on", http=protocol,
-        timeout_graceful_shutdown=10, timeout_keep_alive=limits.pop("timeout_keep_alive", 5.0),
-        limit_concurrency=limits.pop("limit_concurrency", None), h11_max_incomplete_event_size=16 * 1024, **options,
-    ))
-    # The worker pool's threads (tokenizing, templating, rendering bodies) share the GIL with the
-    # event loop, which must win it back after every await: at the default 5 ms switch interval a
-    # /health answer waits out ~20 of them (~100 ms) while a large request is processed.
-    sys.setswitchinterval(API_SWITCH_INTERVAL_S)
-    server.run()
-    if not server.started:
-        raise RuntimeError("the server did not start (see the log above)")
-    if app.state.drain.exit_code:
-        raise SystemExit(app.state.drain.exit_code)
+        limits = dict(http_limits or {})
+        protocol = h11_protocol_with_header_timeout(limits.pop("header_read_timeout", 10.0))
+        options = {"log_level": log_level.lower(), **(uvicorn_options or {})}  # --uvicorn-log-level, --ssl-*, --root-path
+        server = Server(uvicorn.Config(
+            app, host=host, port=port, lifespan="on", http=protocol,
+            timeout_graceful_shutdown=10, timeout_keep_alive=limits.pop("timeout_keep_alive", 5.0),
+            limit_concurrency=limits.pop("limit_concurrency", None), h11_max_incomplete_event_size=16 * 1024, **options,
+        ))
+        # The worker pool's threads (tokenizing, templating, rendering bodies) share the GIL with the
+        # event loop, which must win it back after every await: at the default 5 ms switch interval a
+        # /health answer waits out ~20 of them (~100 ms) while a large request is processed.
+        sys.setswitchinterval(API_SWITCH_INTERVAL_S)
+        server.run()
+        if not server.started:
+            raise RuntimeError("the server did not start (see the log above)")
+        if app.state.drain.exit_code:
+            raise SystemExit(app.state.drain.exit_code)
+    finally:
+        early_engine.cancel()
