@@ -164,7 +164,8 @@ class EngineCore:
             concurrent.futures.wait(futures, timeout=timeout, return_when=concurrent.futures.FIRST_COMPLETED)
 
     def _attach_grammar_bitmask(self, scheduler_output: SchedulerOutput) -> None:
-        """Bitmask rows for the constrained requests that sample a token this step."""
+        """Bitmask rows for the constrained requests that sample a token this step (one per
+        position of a request verifying drafts)."""
         if self._structured_output_manager is None:
             return
         requests = self.scheduler.requests
@@ -177,7 +178,10 @@ class EngineCore:
         ]
         if constrained:
             scheduler_output.structured_output_request_ids = [r.request_id for r in constrained]
-            scheduler_output.grammar_bitmask = self._structured_output_manager.grammar_bitmask(constrained)
+            drafts = scheduler_output.scheduled_spec_decode_tokens or {}
+            scheduler_output.grammar_bitmask = self._structured_output_manager.grammar_bitmask(
+                constrained, [list(drafts.get(r.request_id, ())) for r in constrained]
+            )
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         self.scheduler.finish_requests(list(request_ids), RequestStatus.FINISHED_ABORTED)

@@ -27,7 +27,7 @@ import logging
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -57,6 +57,34 @@ class StructuredOutputRequest:
         self._tail = (self._tail + [token])[-len(self.reasoning_end):]
         if self._tail == self.reasoning_end:
             self.active = True
+
+    def walk_drafts(self, drafts: list[int], fill: Callable[[int], None] | None = None) -> int:
+        """How many of ``drafts`` (a prefix) the constraint accepts after the tokens seen so far;
+        the request's state is as before when this returns. ``fill(j)``, when given, is called
+        for each position ``j`` (0 .. the accepted count) at which the grammar constrains the
+        token (active, not terminated), while the matcher stands after drafts ``0..j-1``: it
+        fills that position's bitmask row. Drafts inside the reasoning are not checked, and
+        one that completes the end tag activates the grammar for the drafts after it."""
+        active, tail = self.active, list(self._tail)
+        advanced = 0
+        try:
+            for j in range(len(drafts) + 1):
+                if active and fill is not None and not self.matcher.is_terminated():
+                    fill(j)
+                if j == len(drafts):
+                    return j
+                token = drafts[j]
+                if not active:
+                    tail = (tail + [token])[-len(self.reasoning_end):]
+                    active = tail == self.reasoning_end
+                elif not self.matcher.is_terminated():
+                    if not self.matcher.accept_token(token):
+                        return j
+                    advanced += 1
+            return len(drafts)
+        finally:
+            if advanced:
+                self.matcher.rollback(advanced)
 
     def ready(self) -> bool:
         """Whether compilation finished (successfully or with ``error`` set)."""
@@ -137,15 +165,30 @@ class StructuredOutputManager:
         request.structured_output = so
 
     # -- every step -----------------------------------------------------------------------------
-    def grammar_bitmask(self, requests: list["Request"]) -> torch.Tensor:
-        """int32 ``[len(requests), ceil(vocab / 32)]``: row ``i`` allows the tokens request
-        ``i``'s grammar accepts next (all set once the grammar has terminated)."""
-        bitmask = torch.full((len(requests), self.words), -1, dtype=torch.int32)
-        for i, request in enumerate(requests):
+    def grammar_bitmask(self, requests: list["Request"], drafts: list[list[int]] | None = None) -> torch.Tensor:
+        """int32 ``[sum(1 + len(drafts[i])), ceil(vocab / 32)]``, request by request: request
+        ``i``'s row ``j`` allows the tokens its grammar accepts after its tokens so far plus its
+        scheduled drafts ``0..j-1`` (speculative decoding; one row per request without drafts).
+        A row is all set where the grammar does not constrain (terminated, reasoning not over)."""
+        drafts = drafts if drafts is not None else [[] for _ in requests]
+        bitmask = torch.full((sum(1 + len(d) for d in drafts), self.words), -1, dtype=torch.int32)
+        row = 0
+        for request, request_drafts in zip(requests, drafts):
             so = request.structured_output
-            if so is not None and so.active and so.matcher is not None and not so.matcher.is_terminated():
-                so.matcher.fill_next_token_bitmask(bitmask, i)
+            if so is not None and so.matcher is not None:
+                first = row
+                so.walk_drafts(request_drafts, lambda j: so.matcher.fill_next_token_bitmask(bitmask, first + j))
+            row += 1 + len(request_drafts)
         return bitmask
+
+    @staticmethod
+    def valid_drafts(request: "Request", drafts: list[int]) -> list[int]:
+        """The longest prefix of ``drafts`` that the request's constraint accepts (all of them
+        for an unconstrained request): a draft the grammar refuses could never be emitted."""
+        so = request.structured_output
+        if so is None or so.matcher is None or not drafts:
+            return drafts
+        return drafts[: so.walk_drafts(drafts)]
 
     @staticmethod
     def accept_tokens(request: "Request", token_ids: list[int]) -> bool:

@@ -104,8 +104,12 @@ class SpecDecodeScheduling:
         limit = self.spec.disable_by_batch_size
         if limit is not None and num_running >= limit:
             return []
-        if request.sampling_params.structured_outputs is not None:
-            return []  # structured outputs get no drafts (docs/speculative.md, limits)
+        if request.structured_output is not None:  # only what the grammar accepts can be emitted
+            from host.core.engine.structured_output import StructuredOutputManager
+
+            drafts = StructuredOutputManager.valid_drafts(request, list(drafts))
+            if not drafts:
+                return []
         auto = self._auto.get(request.request_id)
         if auto is not None and auto.off_steps_left > 0:
             auto.off_steps_left -= 1

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -59,12 +60,13 @@ class SpecDecodeStep:
         if not specs:
             return
         from host.core.kv_cache.spec import kv_cache_element_dtype
+        from host.core.worker.kv_buffer import allocate_kv_buffer
 
         caches = []
         for spec in specs:
             shape = runner.attn_backend.get_kv_cache_shape(num_blocks, spec.block_size, spec.num_kv_heads, spec.head_size)
             dtype = getattr(torch, kv_cache_element_dtype(runner.config.cache.cache_dtype, spec.dtype))
-            caches.append(torch.zeros(shape, dtype=dtype, device=runner.device))
+            caches.append(allocate_kv_buffer(math.prod(shape), dtype, torch.device(runner.device)).view(shape))
         self.proposer.bind_kv_caches(caches)
 
     # -- one step ---------------------------------------------------------------------------------
@@ -165,12 +167,21 @@ class SpecDecodeStep:
 
     @staticmethod
     def _grammar_masks(so: "SchedulerOutput", req_ids: list[str], vocab: int) -> dict[int, torch.Tensor] | None:
-        """The structured-output bitmask of each constrained request (they carry no drafts)."""
+        """The structured-output masks of each constrained request, bool ``[1 + d, V]``: the
+        bitmask holds one row per position it verifies, request by request (see
+        ``StructuredOutputManager.grammar_bitmask``)."""
         if so.grammar_bitmask is None:
             return None
         index = {req_id: i for i, req_id in enumerate(req_ids)}
         allowed = bitmask_to_bool(so.grammar_bitmask, vocab)
-        return {index[req_id]: allowed[n] for n, req_id in enumerate(so.structured_output_request_ids) if req_id in index}
+        drafts = so.scheduled_spec_decode_tokens or {}
+        masks, row = {}, 0
+        for req_id in so.structured_output_request_ids:
+            n = 1 + len(drafts.get(req_id, ()))
+            if req_id in index:
+                masks[index[req_id]] = allowed[row: row + n]
+            row += n
+        return masks
 
     def _record(self, req_ids: list[str], emitted: list[list[int]]) -> None:
         """Append each request's emitted tokens to its persistent row and state."""
@@ -187,14 +198,15 @@ class SpecDecodeStep:
 
     def _propose(self, inputs: Any, hidden: torch.Tensor, states: list[Any], emitted: list[list[int]],
                  num_drafted: np.ndarray, num_accepted: np.ndarray) -> list[list[int]]:
-        """The next step's drafts per request of the step (``[]`` for one that emitted nothing,
-        has a grammar, or has no room left for drafts)."""
+        """The next step's drafts per request of the step (``[]`` for one that emitted nothing
+        or has no room left for drafts; the scheduler cuts a constrained request's drafts to
+        what its grammar accepts)."""
         batch = self.runner.input_batch
         spec_token_ids: list[list[int]] = [[] for _ in emitted]
         which = []
         for i, (state, tokens) in enumerate(zip(states, emitted)):
             sp = state.sampling_params
-            if not tokens or getattr(sp, "structured_outputs", None) is not None:
+            if not tokens:
                 continue
             if sp.max_tokens is not None and len(state.output_token_ids) + 1 >= sp.max_tokens:
                 continue  # at most one token left: nothing to draft for

@@ -7,7 +7,6 @@ import numpy as np
 
 from host import SamplingParams
 from host.core.config import SpeculativeConfig
-from host.core.sampling_params import StructuredOutputsParams
 from host.core.scheduler.request import Request
 from host.core.scheduler.spec_decode import SpecDecodeScheduling
 from host.core.worker.spec_decode.ngram import propose_ngram
@@ -63,9 +62,7 @@ def test_drafts_are_trimmed_to_the_budget_max_tokens_and_max_model_len():
     capped = SpecDecodeScheduling(SpeculativeConfig(disable_by_batch_size=4), max_model_len=64)
     assert capped.drafts_for(_decoding(), budget=100, num_running=3) == [6, 7, 8, 9]
     assert capped.drafts_for(_decoding(), budget=100, num_running=4) == []
-    # a structured-output request gets no drafts (its grammar masks one position a step)
-    constrained = _decoding(structured_outputs=StructuredOutputsParams(regex="[a-z]+"))
-    assert sched.drafts_for(constrained, budget=100, num_running=1) == []
+    # (a constrained request's drafts are cut to what its grammar accepts: test_spec_structured.py)
 
 
 def test_auto_off_after_a_window_of_low_acceptance_then_a_probe():
