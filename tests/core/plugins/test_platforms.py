@@ -8,7 +8,7 @@ import pickle
 import pytest
 import torch
 
-from helpers import on_sys_path, run_host
+from helpers import on_sys_path, run_hosts
 from host.core.plugins.manager import PluginHost
 from host.core.plugins.platform import PlatformResolutionError, resolve_platform
 from host.core.plugins.settings import PluginSettings
@@ -108,15 +108,15 @@ def test_detect_exception_is_reported_not_swallowed(plugin_host, register_plugin
 
 
 def test_host_platform_command_reports_choice_and_why(fixture_sites):
-    proc = run_host(["platform", "--json"], [fixture_sites["accel_a"]])
+    one, two = [fixture_sites["accel_a"]], [fixture_sites["accel_a"], fixture_sites["accel_b"]]
+    proc, both, forced = run_hosts((["platform", "--json"], one), (["platform"], two),
+                                   (["platform", "--json"], two, {"HOST_PLATFORM": "accel_b"}))  # side by side
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert data["platform"]["name"] == "accel_a"
     assert "third-party" in data["reason"]
     assert {p["name"] for p in data["probes"]} >= {"accel_a", "cpu", "cuda", "rocm"}
-    both = run_host(["platform"], [fixture_sites["accel_a"], fixture_sites["accel_b"]])
     assert both.returncode == 1 and "accel_a" in both.stderr and "accel_b" in both.stderr
-    forced = run_host(["platform", "--json"], [fixture_sites["accel_a"], fixture_sites["accel_b"]], HOST_PLATFORM="accel_b")
     assert json.loads(forced.stdout)["platform"]["name"] == "accel_b"
 
 

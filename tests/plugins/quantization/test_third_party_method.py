@@ -10,7 +10,7 @@ import sys
 
 import torch
 
-from helpers import hf_greedy, hf_model, on_sys_path, run_host, subprocess_env
+from helpers import hf_greedy, hf_model, on_sys_path, run_hosts, subprocess_env
 
 PROMPT = [3, 17, 42, 9, 101, 5]
 SCRIPT = """
@@ -44,12 +44,11 @@ def test_third_party_method_is_selected_and_runs(fixture_sites, tiny_checkpoint)
 
 def test_the_cli_offers_installed_methods(fixture_sites):
     site = fixture_sites["quantint4"]
-    listed = run_host(["platform", "--json"], [site])
+    listed, refused = run_hosts((["platform", "--json"], [site]), (["generate", "--quantization", "int5", "hello"], [site]))
     assert listed.returncode == 0, listed.stderr
     methods = {m["name"]: m for m in json.loads(listed.stdout)["quantization_methods"]}
     assert {"gguf", "int8", "fp8", "int4_sym"} <= set(methods)
     assert methods["int4_sym"]["plugin"] == "fixture_int4" and methods["int4_sym"]["runs_here"]["float32"] is None
-    refused = run_host(["generate", "--quantization", "int5", "hello"], [site])
     assert refused.returncode == 2
     assert "'int5' is not a registered quantization method" in refused.stderr
     assert "int4_sym" in refused.stderr and "gguf" in refused.stderr
