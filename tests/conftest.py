@@ -34,6 +34,16 @@ def hello_server(tmp_path_factory: pytest.TempPathFactory, fixture_sites: dict[s
 
 
 @pytest.fixture(scope="session")
+def builtin_plugins_listing():
+    """``host plugins list --json`` with no extra plugins (the installed command's
+    ``CompletedProcess``), run once for the session: the CLI tests and the built-in plugins'
+    own tests read the rows they check from it."""
+    from helpers import run_host
+
+    return run_host(["plugins", "list", "--json"], [])
+
+
+@pytest.fixture(scope="session")
 def fixture_sites(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """``pip install`` each fixture package into its own target directory (real installs with
     real dist-info and entry points); tests put the ones they need on ``sys.path``/PYTHONPATH."""

@@ -1,15 +1,51 @@
-"""The admin CLI, run as the installed ``host`` command in child processes (a test's independent
-commands run side by side: helpers.run_hosts)."""
+"""The admin CLI, run as the installed ``host`` command in child processes: the module's 16
+commands start in one pool of four, in the order of the tests that read them, so both cores stay
+busy across tests (each test waits for its own commands)."""
 
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
-from helpers import run_host, run_hosts
+import pytest
+
+from helpers import run_host
+
+THIRD_PARTY = ("recorder", "endpoint", "broken", "wronggroup")
+TRACE = {"HOST_TRACE_PLUGINS": "1"}
 
 
-def plugins_json(sites, *args, **env):
-    return as_json(run_host(["plugins", "list", "--json", *args], sites, **env))
+@pytest.fixture(scope="module")
+def runs(fixture_sites):
+    """``{name: Future}`` of every command of the module, each ``(args, fixture packages, env)``."""
+    calls = {
+        "help": (["--help"], (), {}),
+        "plugins_help": (["plugins", "--help"], (), {}),
+        "listed": (["plugins", "list", "--json"], THIRD_PARTY, {}),
+        "blocked": (["plugins", "list", "--json", "--block-plugins", "recorder_io"], THIRD_PARTY, {}),
+        "table": (["plugins", "list"], THIRD_PARTY, {}),
+        "only": (["plugins", "list", "--json", "--group", "host.attention_backends"], ("recorder",), {}),
+        "api": (["plugins", "list", "--json", "--process", "api"], ("recorder",), {}),
+        "worker": (["plugins", "list", "--json", "--process", "worker"], ("recorder",), {}),
+        "bad_process": (["plugins", "list", "--process", "gpu"], ("recorder",), {}),
+        "all": (["plugins", "list", "--json", "--all"], (), {}),
+        "check": (["plugins", "check"], ("recorder", "broken"), {}),
+        "check_allowlisted": (["plugins", "check", "--plugins", "fixture_broken,recorder_io"], ("recorder", "broken"), {}),
+        "check_unknown": (["plugins", "check"], ("recorder", "broken"), {"HOST_PLUGINS": "recorder_io,typo_plugin"}),
+        "check_strict": (["plugins", "check", "--strict-plugins"], ("recorder", "broken"), {}),
+        "trace": (["plugins", "list", "--json"], ("recorder",), TRACE),
+        "quiet": (["plugins", "list", "--json"], ("recorder",), {}),
+    }
+    with ThreadPoolExecutor(4) as pool:
+        futures = {name: pool.submit(run_host, args, [fixture_sites[n] for n in names], 300, **env)
+                   for name, (args, names, env) in calls.items()}
+        yield futures
+        for future in futures.values():  # a command no test read is not left running
+            future.cancel()
+
+
+def results(runs, *names):
+    return [runs[name].result() for name in names]
 
 
 def as_json(proc):
@@ -17,16 +53,16 @@ def as_json(proc):
     return json.loads(proc.stdout)
 
 
-def test_help_lists_every_command():
-    proc, sub = run_hosts((["--help"], []), (["plugins", "--help"], []))
+def test_help_lists_every_command(runs):
+    proc, sub = results(runs, "help", "plugins_help")
     assert proc.returncode == 0
     for command in ("plugins", "platform", "version"):
         assert command in proc.stdout
     assert "list" in sub.stdout and "check" in sub.stdout
 
 
-def test_list_json_shows_builtins_with_groups_and_processes():
-    data = plugins_json([])
+def test_list_json_shows_builtins_with_groups_and_processes(builtin_plugins_listing):
+    data = as_json(builtin_plugins_listing)  # the session's run of the same command
     rows = {(r["group"], r["name"]): r for r in data["plugins"]}
     cpu = rows[("host.platforms", "cpu")]
     assert cpu["source"] == "builtin" and cpu["distribution"] == "host"
@@ -41,12 +77,8 @@ def test_list_json_shows_builtins_with_groups_and_processes():
     assert "models:LlamaForCausalLM" in rows[("host.general", "builtin_models")]["registered"]
 
 
-def test_list_shows_third_party_status_and_reasons(fixture_sites):
-    sites = [fixture_sites[n] for n in ("recorder", "endpoint", "broken", "wronggroup")]
-    listed, blocked, table = run_hosts(
-        (["plugins", "list", "--json"], sites), (["plugins", "list", "--json", "--block-plugins", "recorder_io"], sites),
-        (["plugins", "list"], sites),
-    )
+def test_list_shows_third_party_status_and_reasons(runs):
+    listed, blocked, table = results(runs, "listed", "blocked", "table")
     rows = {r["name"]: r for r in as_json(listed)["plugins"]}
     assert rows["recorder_attention"]["status"] == "loaded"
     assert rows["recorder_attention"]["source"] == "third-party"
@@ -63,14 +95,8 @@ def test_list_shows_third_party_status_and_reasons(fixture_sites):
     assert "fixture_broken" in table.stdout and "failed" in table.stdout
 
 
-def test_list_filters_by_group_and_process(fixture_sites):
-    sites = [fixture_sites["recorder"]]
-    only, api, worker, bad = run_hosts(
-        (["plugins", "list", "--json", "--group", "host.attention_backends"], sites),
-        (["plugins", "list", "--json", "--process", "api"], sites),
-        (["plugins", "list", "--json", "--process", "worker"], sites),
-        (["plugins", "list", "--process", "gpu"], sites),
-    )
+def test_list_filters_by_group_and_process(runs):
+    only, api, worker, bad = results(runs, "only", "api", "worker", "bad_process")
     assert {r["group"] for r in as_json(only)["plugins"]} == {"host.attention_backends"}
     groups = {r["group"] for r in as_json(api)["plugins"]}
     assert "host.executors" not in groups and "host.io_processors" in groups
@@ -78,18 +104,14 @@ def test_list_filters_by_group_and_process(fixture_sites):
     assert bad.returncode != 0 and "unknown process" in bad.stderr
 
 
-def test_list_all_includes_groups():
-    data = plugins_json([], "--all")
+def test_list_all_includes_groups(runs):
+    data = as_json(runs["all"].result())
     assert data["groups"]["host.endpoints"]["processes"] == ["api"]
     assert data["groups"]["host.platforms"]["lazy_in"] == ["api"]
 
 
-def test_check_exit_codes(fixture_sites):
-    sites = [fixture_sites["recorder"], fixture_sites["broken"]]
-    ok, allowlisted, unknown, strict = run_hosts(
-        (["plugins", "check"], sites), (["plugins", "check", "--plugins", "fixture_broken,recorder_io"], sites),
-        (["plugins", "check"], sites, {"HOST_PLUGINS": "recorder_io,typo_plugin"}), (["plugins", "check", "--strict-plugins"], sites),
-    )
+def test_check_exit_codes(runs):
+    ok, allowlisted, unknown, strict = results(runs, "check", "check_allowlisted", "check_unknown", "check_strict")
     assert ok.returncode == 0, ok.stderr
     assert "warning: fixture_broken" in ok.stderr  # reported, but not allowlisted
     assert allowlisted.returncode == 1
@@ -98,9 +120,8 @@ def test_check_exit_codes(fixture_sites):
     assert strict.returncode == 1
 
 
-def test_trace_env_logs_hook_calls(fixture_sites):
-    sites = [fixture_sites["recorder"]]
-    proc, quiet = run_hosts((["plugins", "list", "--json"], sites, {"HOST_TRACE_PLUGINS": "1"}), (["plugins", "list", "--json"], sites))
+def test_trace_env_logs_hook_calls(runs):
+    proc, quiet = results(runs, "trace", "quiet")
     assert proc.returncode == 0
     assert "[host trace" in proc.stderr
     assert "host_register_platforms" in proc.stderr

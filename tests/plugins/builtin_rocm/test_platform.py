@@ -21,7 +21,7 @@ if not torch.cuda.is_available():
 import transformers
 from typer.testing import CliRunner
 
-from helpers import run_host
+from helpers import run_hosts
 from host.core.engine_args import EngineArgs
 from host.core.plugins.manager import PluginHost
 from host.core.plugins.platform import current_platform, reset_current_platform, resolve_platform
@@ -133,17 +133,18 @@ def test_host_platform_explains_the_choice(monkeypatch):
     assert "disagree" in data["platform"]["visibility_error"]
 
 
-def test_cli_lists_the_plugin_and_forcing_rocm_without_rocm_fails_clearly(tmp_path, tiny_dir):
-    """The installed ``host`` command, on this machine (torch here is not a ROCm build)."""
-    listing = run_host(["plugins", "list", "--json"], [])
+def test_cli_lists_the_plugin_and_forcing_rocm_without_rocm_fails_clearly(tmp_path, tiny_dir, builtin_plugins_listing):
+    """The installed ``host`` command, on this machine (torch here is not a ROCm build): the
+    session's ``host plugins list --json``, and the two forced runs side by side."""
+    listing = builtin_plugins_listing
     rows = {(r["group"], r["name"]): r for r in json.loads(listing.stdout)["plugins"]}
     assert rows[("host.platforms", "rocm")]["status"] == "loaded"
     assert rows[("host.attention_backends", "triton_rocm")]["status"] == "loaded"
     assert rows[("host.attention_backends", "triton_rocm")]["registered"] == ["attention_backends:triton_rocm"]
-    forced = run_host(["platform", "--json"], [], HOST_PLATFORM="rocm")
+    rocm = {"HOST_PLATFORM": "rocm"}
+    forced, gen = run_hosts((["platform", "--json"], [], rocm), (["generate", "hello", "--model", tiny_dir, "--max-tokens", "1"], [], rocm))
     assert forced.returncode == 0, forced.stderr
     assert "torch is not a ROCm build (torch.version.hip is None)" in json.loads(forced.stdout)["reason"]
-    gen = run_host(["generate", "hello", "--model", tiny_dir, "--max-tokens", "1"], [], HOST_PLATFORM="rocm")
     assert gen.returncode == 2
     assert "the ROCm platform cannot start here: torch is not a ROCm build" in gen.stderr
     assert "Unset HOST_PLATFORM" in gen.stderr

@@ -10,7 +10,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import run_host
 from host.core.plugins.settings import PluginSettings
 from host.plugins.builtin_cpu.attention import CpuPagedAttentionBackend
 from host.plugins.torch_paged.attention import TorchPagedAttentionBackend, TorchPagedAttentionImpl
@@ -31,10 +30,10 @@ def test_blocking_the_kernels_keeps_torch_paged(blocked):
         assert {"cpu_paged", "triton_paged", "triton_rocm"} <= set(host.registry("attention_backends"))
 
 
-def test_plugins_list_shows_each_backend_under_its_own_entry_point():
-    listing = run_host(["plugins", "list", "--json", "--group", "host.attention_backends"], [])
+def test_plugins_list_shows_each_backend_under_its_own_entry_point(builtin_plugins_listing):
+    listing = builtin_plugins_listing  # ``host plugins list --json``, run once for the session
     assert listing.returncode == 0, listing.stderr
-    rows = {r["name"]: r for r in json.loads(listing.stdout)["plugins"]}
+    rows = {r["name"]: r for r in json.loads(listing.stdout)["plugins"] if r["group"] == "host.attention_backends"}
     for name in ("cpu_paged", "torch_paged", "triton_paged", "triton_rocm"):
         assert rows[name]["status"] == "loaded" and rows[name]["source"] == "builtin"
         assert rows[name]["registered"] == [f"attention_backends:{name}"]
