@@ -46,6 +46,7 @@ from torch import nn
 from host.core.models.layers import RMSNorm, RotaryEmbedding, rope_parameters_from_config
 from host.core.models.llama import DecoderLayer, _head_dim
 from host.core.models.parallel_layers import ModelShard
+from host.core.models.weight_fill import check_complete, copy_into
 
 CONFIG_FILE = "config.json"
 _LAYER_RE = re.compile(r"^layers\.(\d+)\.(.+)$")
@@ -173,20 +174,11 @@ class EagleHead(nn.Module):
                     f"EAGLE head tensor {name!r} has no matching parameter (expected fc.weight, layers.<i>.<Llama "
                     f"layer name>, embed_tokens.weight or norm.weight with num_hidden_layers={len(self.layers)})"
                 )
-            dest = param.data if rows is None else param.data[rows]
-            if dest.shape != tensor.shape:
-                raise ValueError(
-                    f"EAGLE head tensor {name!r} has shape {tuple(tensor.shape)} but {target} expects "
-                    f"{tuple(dest.shape)}; does the head's config.json match its weights?"
-                )
-            dest.copy_(tensor)
+            copy_into(param, rows, tensor, label=f"EAGLE head tensor {name!r}", target=target,
+                      fix="does the head's config.json match its weights?")
             filled.setdefault(target, set()).add(shard)
-        missing = sorted(p for p in params if filled.get(p, set()) != _shards(p))
-        if missing:
-            raise ValueError(
-                f"the EAGLE head checkpoint has no (or only partial) weights for {len(missing)} parameter(s), "
-                f"e.g. {', '.join(missing[:6])}; is it complete and does it match its config.json?"
-            )
+        check_complete(params, filled, source="the EAGLE head checkpoint",
+                       fix="is it complete and does it match its config.json?")
 
     def _target_param(self, name: str) -> tuple[str, Any, slice | None]:
         """Our parameter for a checkpoint name: (name, shard id, rows it fills)."""
@@ -207,13 +199,6 @@ class EagleHead(nn.Module):
         return f"layers.{idx}.{fused}.{suffix}", shard, rows
 
 
-def _shards(param_name: str) -> set[Any]:
-    module = param_name.rsplit(".", 1)[0]
-    if module.endswith("qkv_proj"):
-        return {"q", "k", "v"}
-    if module.endswith("gate_up_proj"):
-        return {0, 1}
-    return {None}
 
 
 def _iter_safetensors(path: str) -> Iterable[tuple[str, torch.Tensor]]:

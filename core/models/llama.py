@@ -52,6 +52,7 @@ from host.core.models.parallel_layers import (
 )
 from host.core.models.pipeline import MissingLayer, stage_layers
 from host.core.models.quant_linear import QuantEmbedding, QuantLinear, finish_loading
+from host.core.models.weight_fill import check_complete, copy_into
 
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 # Hugging Face sub-projection -> (our fused parameter, shard id)
@@ -431,21 +432,11 @@ class LlamaForCausalLM(nn.Module):
                     f"checkpoint tensor {name!r} has no matching parameter in "
                     f"{type(self).__name__}; is config.json's architecture right for these weights?"
                 )
-            dest = param.data if rows is None else param.data[rows]
-            if dest.shape != tensor.shape:
-                raise ValueError(
-                    f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)} but "
-                    f"{target} expects {tuple(dest.shape)}; the weights do not match config.json"
-                )
-            dest.copy_(tensor)
+            copy_into(param, rows, tensor, label=f"checkpoint tensor {name!r}", target=target,
+                      fix="the weights do not match config.json")
             filled.setdefault(target, set()).add(shard)
-        missing = sorted(p for p in params if filled.get(p, set()) != self._shards(p))
-        if missing:
-            raise ValueError(
-                f"the checkpoint has no (or only partial) weights for {len(missing)} parameter(s) "
-                f"of {type(self).__name__}, e.g. {', '.join(missing[:6])}; is the checkpoint "
-                "complete and does it match config.json?"
-            )
+        check_complete(params, filled, source=f"the checkpoint of {type(self).__name__}",
+                       fix="is the checkpoint complete and does it match config.json?")
         finish_loading(self)
         return set(filled) | set(quantized)
 
@@ -469,15 +460,6 @@ class LlamaForCausalLM(nn.Module):
             return self.is_last_stage
         return True
 
-    @staticmethod
-    def _shards(param_name: str) -> set[Any]:
-        """The shards a parameter is assembled from (``{None}``: one tensor, not fused)."""
-        module = param_name.rsplit(".", 1)[0].removesuffix(".linear")  # a tensor-parallel layer's child
-        if module.endswith("qkv_proj"):
-            return {"q", "k", "v"}
-        if module.endswith("gate_up_proj"):
-            return {0, 1}
-        return {None}
 
     def _target(self, name: str) -> tuple[str, Any, slice | None]:
         """Our parameter for a Hugging Face tensor name: (name, shard id, rows it fills)."""

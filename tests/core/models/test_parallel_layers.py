@@ -94,7 +94,8 @@ def test_gate_up_column_and_down_row_parallel_recompose_the_mlp() -> None:
         g, u = gate_up(x).chunk(2, dim=-1)
         partials.append(row.linear(torch.nn.functional.silu(g) * u))  # this rank's part, before the all-reduce
         assert row.linear.bias is None  # the bias is added once, after the reduce
-    torch.testing.assert_close(sum(partials) + row.bias, expected, rtol=1e-5, atol=1e-5)
+    # three partial sums add in another order than one matmul: fp32 rounding of ~1e-5 (a wrong shard is off by ~1)
+    torch.testing.assert_close(sum(partials) + row.bias, expected, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("vocab,tp", [(301, 2), (301, 4), (300, 3)])
