@@ -33,6 +33,37 @@ def hello_server(tmp_path_factory: pytest.TempPathFactory, fixture_sites: dict[s
         yield server
 
 
+FLAGS_BODY_BYTES = 4 * 1024 * 1024  # --max-request-bytes of flags_server
+FLAGS_SEQUENCES = 16  # --max-sequences-per-request of flags_server
+
+
+@pytest.fixture(scope="session")
+def flags_server(tmp_path_factory: pytest.TempPathFactory):
+    """One ``host serve`` for the modules whose flags do not touch each other's requests (a
+    start is ~15 s; each module checks its own flags are there):
+
+    - ``--served-model-name m --max-request-bytes 4MiB``: plugins/endpoints/test_no_stall.py (the
+      largest requests under the body limit, the caps);
+    - ``--max-sequences-per-request 16``: plugins/endpoints/test_request_limits.py (refused values,
+      the sequences cap);
+    - ``--disable-log-stats --log-stats-interval 0.5``: plugins/stat_loggers/
+      test_server_stat_loggers.py (no periodic stats line, the default metrics prefix);
+    - ``--enable-auto-tool-choice --tool-call-parser hermes``: plugins/endpoints/
+      test_tool_calling.py (only requests with ``tools`` reach the parser);
+    - ``--enable-prompt-tokens-details --block-size 16``: plugins/endpoints/test_vllm_fields.py
+      (its prefix-cache prompt is its own; 16 is the default block size, pinned).
+
+    Tests must not stop it, read its log and counters as deltas from their own start, and check
+    its gauges once their own requests are done."""
+    from helpers import run_server
+
+    args = ["--served-model-name", "m", "--max-request-bytes", str(FLAGS_BODY_BYTES),
+            "--max-sequences-per-request", str(FLAGS_SEQUENCES), "--disable-log-stats", "--log-stats-interval", "0.5",
+            "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--enable-prompt-tokens-details", "--block-size", "16"]
+    with run_server(tmp_path_factory.mktemp("flags"), args) as server:
+        yield server
+
+
 @pytest.fixture(scope="session")
 def builtin_plugins_listing():
     """``host plugins list --json`` with no extra plugins (the installed command's

@@ -1,6 +1,7 @@
 """A real ``host serve`` subprocess on 127.0.0.1 for the serving tests (see helpers.run_server), used by
 tests/conftest.py's ``client`` and ``model``. A module that needs other server flags defines its own
-``server`` fixture; ``client`` and ``model`` then follow it."""
+``server`` fixture; ``client`` and ``model`` then follow it. Modules whose flags do not touch each
+other's requests share a session server (``flags_server``, tests/conftest.py)."""
 
 from __future__ import annotations
 

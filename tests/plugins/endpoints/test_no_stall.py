@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from helpers import REPO, run_server
+from helpers import REPO
 
 BODY_LIMIT = 4 * 1024 * 1024  # --max-request-bytes for this server
 
@@ -28,10 +28,13 @@ def _bench_measure():
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """One server for the module (its start is most of each test's time)."""
-    with run_server(tmp_path_factory.mktemp("no-stall"), ["--served-model-name", "m", "--max-request-bytes", str(BODY_LIMIT)]) as served:
-        yield served
+def server(flags_server):
+    """The session's ``flags_server`` (tests/conftest.py): ``--served-model-name m
+    --max-request-bytes 4 MiB``, and a sequences cap these requests stay under (its stats logging is
+    off: the no-stall bound holds without it)."""
+    args = flags_server.proc.args
+    assert args[args.index("--max-request-bytes") + 1] == str(BODY_LIMIT)
+    return flags_server
 
 
 def test_health_answers_while_the_largest_requests_run(server):
@@ -57,7 +60,8 @@ def test_large_texts_tokenize_in_the_child_exactly(tmp_path):
 
     path = default_model_path()
     tok = get_tokenizer(path)
-    text = "Zürich, 東京 and émoji 🙂 — lines\n\n  indented\tcode() " * (LARGE_TEXT_CHARS // 40)
+    unit = "Zürich, 東京 and émoji 🙂 — lines\n\n  indented\tcode() "
+    text = unit * (LARGE_TEXT_CHARS // len(unit) + 1)  # just over the size that goes to the child
     process = TokenizerProcess(path)
     try:
         assert process.handles(text) and not process.handles("short")

@@ -1,7 +1,8 @@
 """Values the server used to accept and choke on, refused with a 400 that names the field: through
 the official ``openai`` client where it can send them, raw HTTP where it cannot (JSON's
-``Infinity``, ``1e400``, a lone surrogate, wrongly typed fields, integers beyond 64 bits in lists). One server for the module,
-with ``--max-sequences-per-request 16``; after every refusal nothing runs and no KV is held."""
+``Infinity``, ``1e400``, a lone surrogate, wrongly typed fields, integers beyond 64 bits in lists).
+One server (the session's ``flags_server``, with ``--max-sequences-per-request 16``); after
+every refusal nothing runs and no KV is held."""
 
 from __future__ import annotations
 
@@ -11,15 +12,17 @@ import httpx
 import openai
 import pytest
 
-from helpers import metric_total, run_server
+from helpers import metric_total
 
 LIMIT = 16
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with run_server(tmp_path_factory.mktemp("limits"), ["--max-sequences-per-request", str(LIMIT)]) as s:
-        yield s
+def server(flags_server):
+    """The session's ``flags_server`` (tests/conftest.py, shared with other modules)."""
+    args = flags_server.proc.args
+    assert args[args.index("--max-sequences-per-request") + 1] == str(LIMIT)
+    return flags_server
 
 
 def _gauge(server, suffix: str) -> float:

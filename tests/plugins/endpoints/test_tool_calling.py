@@ -1,5 +1,6 @@
 """Tool calling on /v1/chat/completions through the official openai client, against one real
-``host serve --enable-auto-tool-choice --tool-call-parser hermes`` on SmolLM2-135M-Instruct.
+``host serve --enable-auto-tool-choice --tool-call-parser hermes`` on SmolLM2-135M-Instruct (the
+session's ``flags_server``).
 
 The model knows nothing of tools: ``tool_choice`` "required" and named must still return
 schema-valid calls (structured outputs enforce them); the calls are validated with
@@ -8,13 +9,12 @@ schema-valid calls (structured outputs enforce them); the calls are validated wi
 from __future__ import annotations
 
 import json
-from typing import Iterator
 
 import jsonschema
 import openai
 import pytest
 
-from helpers import Server, run_server
+from helpers import Server
 
 WEATHER = {
     "type": "object",
@@ -37,9 +37,11 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory) -> Iterator[Server]:
-    with run_server(tmp_path_factory.mktemp("tools"), ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]) as s:
-        yield s
+def server(flags_server) -> Server:
+    """The session's ``flags_server`` (tests/conftest.py), started with these flags among others."""
+    args = flags_server.proc.args
+    assert "--enable-auto-tool-choice" in args and args[args.index("--tool-call-parser") + 1] == "hermes"
+    return flags_server
 
 
 def check_call(call, name: str | None = None) -> dict:

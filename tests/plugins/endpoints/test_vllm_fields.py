@@ -1,27 +1,27 @@
 """vLLM's response fields on both OpenAI routes, through the official ``openai`` client on one
-``host serve`` (``--enable-prompt-tokens-details``): ``echo`` (its prompt logprobs checked against
-transformers on the same weights), ``return_token_ids``, ``return_tokens_as_token_ids``,
+``host serve`` (``--enable-prompt-tokens-details``; the session's ``flags_server``): ``echo`` (its
+prompt logprobs checked against transformers on the same weights), ``return_token_ids``, ``return_tokens_as_token_ids``,
 ``prompt_logprobs`` (null when not asked), ``stream_options`` (``continuous_usage_stats``, refused
 without ``stream``), ``prompt_tokens_details.cached_tokens``, ``truncate_prompt_tokens`` /
 ``truncation_side``, the logprob caps and the errors naming bad token ids."""
 
 from __future__ import annotations
 
-from typing import Iterator
-
 import openai
 import pytest
 
-from helpers import Server, hf_beams, hf_model, run_server
+from helpers import Server, hf_beams, hf_model
 
 BLOCK = 16
 PROMPT = "The quick brown fox jumps over the lazy dog because"
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory) -> Iterator[Server]:
-    with run_server(tmp_path_factory.mktemp("serve"), ["--enable-prompt-tokens-details", "--block-size", str(BLOCK)]) as s:
-        yield s
+def server(flags_server) -> Server:
+    """The session's ``flags_server`` (tests/conftest.py), started with these flags among others."""
+    args = flags_server.proc.args
+    assert "--enable-prompt-tokens-details" in args and args[args.index("--block-size") + 1] == str(BLOCK)
+    return flags_server
 
 
 @pytest.fixture(scope="module")

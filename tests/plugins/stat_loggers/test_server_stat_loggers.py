@@ -129,11 +129,15 @@ def test_unknown_stat_logger_fails_before_the_engine_starts(tmp_path):
     assert "unknown stat logger(s) 'nosuch'" in proc.stderr and "registered: jsonl, logging, prometheus" in proc.stderr
 
 
-def test_disable_log_stats_and_default_prefix(tmp_path):
-    with run_server(tmp_path, ["--disable-log-stats", "--log-stats-interval", "0.5"]) as server:
-        openai.OpenAI(base_url=f"{server.url}/v1", api_key="x").completions.create(model="", prompt="Hi", max_tokens=3)
-        time.sleep(1.0)
-        fams = _families(server)
-        assert "host:num_requests_running" in fams and "host:request_success" in fams
-        assert not [n for n in fams if n.startswith("vllm:")]
-        assert "Avg prompt throughput:" not in server.log()
+def test_disable_log_stats_and_default_prefix(flags_server):
+    """On the session's ``flags_server`` (tests/conftest.py: ``--disable-log-stats
+    --log-stats-interval 0.5``, the default prefix)."""
+    server = flags_server
+    args = server.proc.args
+    assert "--disable-log-stats" in args and args[args.index("--log-stats-interval") + 1] == "0.5"
+    openai.OpenAI(base_url=f"{server.url}/v1", api_key="x").completions.create(model="", prompt="Hi", max_tokens=3)
+    time.sleep(1.0)  # two log intervals
+    fams = _families(server)
+    assert "host:num_requests_running" in fams and "host:request_success" in fams
+    assert not [n for n in fams if n.startswith("vllm:")]
+    assert "Avg prompt throughput:" not in server.log()  # never, since its start
