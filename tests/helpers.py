@@ -177,7 +177,7 @@ def run_server(tmp_path, args: list[str] = (), sites: list[str] = (), timeout: f
                 pass
             if time.monotonic() > deadline:
                 raise RuntimeError(f"host serve did not become healthy in {timeout} s:\n{server.log()}")
-            time.sleep(0.5)
+            time.sleep(0.1)  # a refused connection costs next to nothing; each start waits less
         yield server
     finally:
         if proc.poll() is None:
