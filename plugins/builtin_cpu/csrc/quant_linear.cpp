@@ -32,6 +32,23 @@ constexpr int64_t PREFETCH_ROWS = 4;  // how far ahead the small-M path prefetch
 
 enum QType : int64_t { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14, INT8 = -1 };
 
+// f(std::integral_constant<int, r>) for a runtime r in 1..SMALL_M: the small-M paths dot all the
+// rows of x with a weight row in one pass (5 rows: one read and dequantization of each group, not
+// a 4-row pass and a 1-row pass; a speculative decoding verification step is 1 + k rows)
+template <typename F>
+static inline void with_rows(int64_t r, F&& f) {
+  switch (r) {
+    case 8: return f(std::integral_constant<int, 8>{});
+    case 7: return f(std::integral_constant<int, 7>{});
+    case 6: return f(std::integral_constant<int, 6>{});
+    case 5: return f(std::integral_constant<int, 5>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    default: return f(std::integral_constant<int, 1>{});
+  }
+}
+
 static inline float f16(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
@@ -268,23 +285,23 @@ template <int64_t QT, int MT>
 static inline void row_dot(const uint8_t* row, int64_t G, const float* x, int64_t xs, const float* xsum, float* out) {
 #ifdef HOST_QAVX2
   // per group: s = sum over its 32 values of level * x, then acc += s * d (two partial sums with
-  // their own scale for Q6_K's 16-value scales); two accumulators alternate over the groups. The
-  // scales of a chunk of groups are converted first (row_scales), so the inner loop broadcasts
-  // them from memory; the offsets are one dot product with the group sums of x per chunk.
+  // their own scale for Q6_K's 16-value scales), one accumulator per row of x: the same
+  // arithmetic for a row whatever MT, so a row's result does not depend on the rows batched
+  // with it, and MT = 8 still fits the 16 vector registers. The scales of a chunk of groups are
+  // converted first (row_scales), so the inner loop broadcasts them from memory; the offsets
+  // are one dot product with the group sums of x per chunk.
   constexpr bool two = QT == Q6_K;
-  __m256 acc[MT][2];
+  __m256 acc[MT];
   float off[MT];
   for (int m = 0; m < MT; ++m) {
-    acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+    acc[m] = _mm256_setzero_ps();
     off[m] = 0.f;
   }
   float dv[2 * CHUNK], bv[CHUNK];
   for (int64_t g0 = 0; g0 < G; g0 += CHUNK) {
     const int64_t n = std::min<int64_t>(CHUNK, G - g0);
     row_scales<QT>(row, g0, n, dv, bv);
-    // groups in pairs, the even one into acc[.][0] and the odd one into acc[.][1] (a constant
-    // index, so the accumulators stay in registers)
-    auto step = [&](int64_t i, int a) __attribute__((always_inline)) {
+    auto step = [&](int64_t i) __attribute__((always_inline)) {
       __m256 w[4];
       float unused0, unused1;
       group_avx2<QT, false>(row, g0 + i, w, unused0, unused1);
@@ -296,23 +313,18 @@ static inline void row_dot(const uint8_t* row, int64_t G, const float* x, int64_
         s0 = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xg + 8), s0);
         s1 = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xg + 24), s1);
         if constexpr (two) {
-          acc[m][a] = _mm256_fmadd_ps(s1, _mm256_broadcast_ss(dv + 2 * i + 1), _mm256_fmadd_ps(s0, vd0, acc[m][a]));
+          acc[m] = _mm256_fmadd_ps(s1, _mm256_broadcast_ss(dv + 2 * i + 1), _mm256_fmadd_ps(s0, vd0, acc[m]));
         } else {
-          acc[m][a] = _mm256_fmadd_ps(_mm256_add_ps(s0, s1), vd0, acc[m][a]);
+          acc[m] = _mm256_fmadd_ps(_mm256_add_ps(s0, s1), vd0, acc[m]);
         }
       }
     };
-    int64_t i = 0;
-    for (; i + 2 <= n; i += 2) {
-      step(i, 0);
-      step(i + 1, 1);
-    }
-    if (i < n) step(i, 0);
+    for (int64_t i = 0; i < n; ++i) step(i);
     if constexpr (has_offset<QT>()) {
       for (int m = 0; m < MT; ++m) off[m] += dot(bv, xsum + m * G + g0, n);
     }
   }
-  for (int m = 0; m < MT; ++m) out[m] = hsum256(_mm256_add_ps(acc[m][0], acc[m][1])) + off[m];
+  for (int m = 0; m < MT; ++m) out[m] = hsum256(acc[m]) + off[m];
 #else
   float w[32];
   for (int m = 0; m < MT; ++m) out[m] = 0.f;
@@ -380,23 +392,10 @@ static void gemm_into(const float* x, int64_t M, int64_t xs, int64_t K, const ui
           for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T1);
         }
 #endif
-        int64_t m = 0;
-        for (; m + 8 <= M; m += 8) {
-          row_dot<QT, 8>(row, G, x + m * xs, xs, xsp + m * G, out);
-          for (int i = 0; i < 8; ++i) finish(m + i, n, out[i]);
-        }
-        for (; m + 4 <= M; m += 4) {
-          row_dot<QT, 4>(row, G, x + m * xs, xs, xsp + m * G, out);
-          for (int i = 0; i < 4; ++i) finish(m + i, n, out[i]);
-        }
-        for (; m + 2 <= M; m += 2) {
-          row_dot<QT, 2>(row, G, x + m * xs, xs, xsp + m * G, out);
-          for (int i = 0; i < 2; ++i) finish(m + i, n, out[i]);
-        }
-        for (; m < M; ++m) {
-          row_dot<QT, 1>(row, G, x + m * xs, xs, xsp + m * G, out);
-          finish(m, n, out[0]);
-        }
+        with_rows(M, [&](auto mt) {
+          row_dot<QT, decltype(mt)::value>(row, G, x, xs, xsp, out);
+        });
+        for (int64_t m = 0; m < M; ++m) finish(m, n, out[m]);
       }
     });
     return;
@@ -601,10 +600,10 @@ static inline void row_dot_q8(const uint8_t* row, int64_t G, const int8_t* xq, c
   const int64_t K = G * 32;
 #ifdef HOST_QAVX2
   constexpr bool two = QT == Q6_K;
-  __m256 acc[MT][2];
+  __m256 acc[MT];
   float off[MT];
   for (int m = 0; m < MT; ++m) {
-    acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+    acc[m] = _mm256_setzero_ps();
     off[m] = 0.f;
   }
   float dv[2 * CHUNK], bv[CHUNK], pd[two ? 1 : MT][CHUNK];
@@ -615,7 +614,7 @@ static inline void row_dot_q8(const uint8_t* row, int64_t G, const int8_t* xq, c
       for (int m = 0; m < MT; ++m)
         for (int64_t i = 0; i < n; ++i) pd[m][i] = dv[i] * xd[m * G + g0 + i];
     }
-    auto step = [&](int64_t i, int a) __attribute__((always_inline)) {
+    auto step = [&](int64_t i) __attribute__((always_inline)) {
       const int64_t g = g0 + i;
       const __m256i lv = group_levels<QT>(row, g);
       const __m256i lu = signed_levels<QT>() ? _mm256_sign_epi8(lv, lv) : lv;
@@ -626,20 +625,15 @@ static inline void row_dot_q8(const uint8_t* row, int64_t G, const int8_t* xq, c
         if constexpr (signed_levels<QT>()) xv = _mm256_sign_epi8(xv, lv);
         const __m256 p = _mm256_cvtepi32_ps(dot_u8s8(lu, xv));
         const __m256 sc = two ? _mm256_mul_ps(wd, _mm256_broadcast_ss(xd + m * G + g)) : _mm256_broadcast_ss(&pd[two ? 0 : m][i]);
-        acc[m][a] = _mm256_fmadd_ps(p, sc, acc[m][a]);
+        acc[m] = _mm256_fmadd_ps(p, sc, acc[m]);
       }
     };
-    int64_t i = 0;
-    for (; i + 2 <= n; i += 2) {
-      step(i, 0);
-      step(i + 1, 1);
-    }
-    if (i < n) step(i, 0);
+    for (int64_t i = 0; i < n; ++i) step(i);
     if constexpr (has_offset<QT>()) {
       for (int m = 0; m < MT; ++m) off[m] += dot(bv, xsum + m * G + g0, n);
     }
   }
-  for (int m = 0; m < MT; ++m) out[m] = hsum256(_mm256_add_ps(acc[m][0], acc[m][1])) + off[m];
+  for (int m = 0; m < MT; ++m) out[m] = hsum256(acc[m]) + off[m];
 #else
   float w[32];
   for (int m = 0; m < MT; ++m) out[m] = 0.f;
@@ -669,7 +663,7 @@ struct Q8Rows {
 };
 
 // The output columns [col0, col0 + N) of y (row stride ldy) = Q8 rows @ dequantize(W[N, K])^T
-// (+ bias[n]): each weight row is read once and dotted with every row of x, 8 at a time (the
+// (+ bias[n]): each weight row is read once and dotted with every row of x in one pass (the
 // row stays in L1, the int8 activations in L2). gguf_shards_q8_into sends batches above SMALL_M
 // rows to the float panel path instead (measured faster on AVX2: see docs/quantization.md).
 template <int64_t QT>
@@ -694,23 +688,8 @@ static void gemm_q8_into(const Q8Rows& xr, const uint8_t* w, int64_t N, int64_t 
         for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T1);
       }
 #endif
-      int64_t m = 0;
-      for (; m + 8 <= M; m += 8) {
-        row_dot_q8<QT, 8>(row, G, xq + m * K, xd + m * G, xs + m * G, out);
-        for (int i = 0; i < 8; ++i) finish(m + i, n, out[i]);
-      }
-      for (; m + 4 <= M; m += 4) {
-        row_dot_q8<QT, 4>(row, G, xq + m * K, xd + m * G, xs + m * G, out);
-        for (int i = 0; i < 4; ++i) finish(m + i, n, out[i]);
-      }
-      for (; m + 2 <= M; m += 2) {
-        row_dot_q8<QT, 2>(row, G, xq + m * K, xd + m * G, xs + m * G, out);
-        for (int i = 0; i < 2; ++i) finish(m + i, n, out[i]);
-      }
-      for (; m < M; ++m) {
-        row_dot_q8<QT, 1>(row, G, xq + m * K, xd + m * G, xs + m * G, out);
-        finish(m, n, out[0]);
-      }
+      with_rows(M, [&](auto mt) { row_dot_q8<QT, decltype(mt)::value>(row, G, xq, xd, xs, out); });
+      for (int64_t m = 0; m < M; ++m) finish(m, n, out[m]);
     }
   });
 }
