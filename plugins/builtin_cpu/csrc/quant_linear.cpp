@@ -227,6 +227,27 @@ static inline float group_avx2(const uint8_t* row, int64_t g, __m256* w, float& 
 }
 #endif
 
+// The groups 0 .. n-1 of a chunk through step(i, a): group i into accumulator a = i % 2, in
+// group order within each accumulator, so a row of x gets the same arithmetic (the same result,
+// to the bit) whatever the number MT of rows dotted with the weight row at once. Up to 4 rows
+// the even and odd groups alternate (two independent chains: a single row is not held up by
+// the FMA latency); more rows run the even groups, then the odd ones, so only MT accumulators
+// are live at a time and 8 rows fit the 16 vector registers.
+template <int MT, typename Step>
+static inline void pass_groups(int64_t n, Step&& step) {
+  if constexpr (MT <= 4) {
+    int64_t i = 0;
+    for (; i + 2 <= n; i += 2) {
+      step(i, 0);
+      step(i + 1, 1);
+    }
+    if (i < n) step(i, 0);
+  } else {
+    for (int64_t i = 0; i < n; i += 2) step(i, 0);
+    for (int64_t i = 1; i < n; i += 2) step(i, 1);
+  }
+}
+
 template <int64_t QT>
 constexpr bool has_offset() { return QT == Q4_0 || QT == Q4_1 || QT == Q4_K; }
 
@@ -285,23 +306,22 @@ template <int64_t QT, int MT>
 static inline void row_dot(const uint8_t* row, int64_t G, const float* x, int64_t xs, const float* xsum, float* out) {
 #ifdef HOST_QAVX2
   // per group: s = sum over its 32 values of level * x, then acc += s * d (two partial sums with
-  // their own scale for Q6_K's 16-value scales), one accumulator per row of x: the same
-  // arithmetic for a row whatever MT, so a row's result does not depend on the rows batched
-  // with it, and MT = 8 still fits the 16 vector registers. The scales of a chunk of groups are
+  // their own scale for Q6_K's 16-value scales), into two accumulators per row of x, one for
+  // the even groups and one for the odd ones (pass_groups). The scales of a chunk of groups are
   // converted first (row_scales), so the inner loop broadcasts them from memory; the offsets
   // are one dot product with the group sums of x per chunk.
   constexpr bool two = QT == Q6_K;
-  __m256 acc[MT];
+  __m256 acc[MT][2];
   float off[MT];
   for (int m = 0; m < MT; ++m) {
-    acc[m] = _mm256_setzero_ps();
+    acc[m][0] = acc[m][1] = _mm256_setzero_ps();
     off[m] = 0.f;
   }
   float dv[2 * CHUNK], bv[CHUNK];
   for (int64_t g0 = 0; g0 < G; g0 += CHUNK) {
     const int64_t n = std::min<int64_t>(CHUNK, G - g0);
     row_scales<QT>(row, g0, n, dv, bv);
-    auto step = [&](int64_t i) __attribute__((always_inline)) {
+    auto step = [&](int64_t i, int a) __attribute__((always_inline)) {
       __m256 w[4];
       float unused0, unused1;
       group_avx2<QT, false>(row, g0 + i, w, unused0, unused1);
@@ -313,18 +333,18 @@ static inline void row_dot(const uint8_t* row, int64_t G, const float* x, int64_
         s0 = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xg + 8), s0);
         s1 = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xg + 24), s1);
         if constexpr (two) {
-          acc[m] = _mm256_fmadd_ps(s1, _mm256_broadcast_ss(dv + 2 * i + 1), _mm256_fmadd_ps(s0, vd0, acc[m]));
+          acc[m][a] = _mm256_fmadd_ps(s1, _mm256_broadcast_ss(dv + 2 * i + 1), _mm256_fmadd_ps(s0, vd0, acc[m][a]));
         } else {
-          acc[m] = _mm256_fmadd_ps(_mm256_add_ps(s0, s1), vd0, acc[m]);
+          acc[m][a] = _mm256_fmadd_ps(_mm256_add_ps(s0, s1), vd0, acc[m][a]);
         }
       }
     };
-    for (int64_t i = 0; i < n; ++i) step(i);
+    pass_groups<MT>(n, step);
     if constexpr (has_offset<QT>()) {
       for (int m = 0; m < MT; ++m) off[m] += dot(bv, xsum + m * G + g0, n);
     }
   }
-  for (int m = 0; m < MT; ++m) out[m] = hsum256(acc[m]) + off[m];
+  for (int m = 0; m < MT; ++m) out[m] = hsum256(_mm256_add_ps(acc[m][0], acc[m][1])) + off[m];
 #else
   float w[32];
   for (int m = 0; m < MT; ++m) out[m] = 0.f;
@@ -600,10 +620,10 @@ static inline void row_dot_q8(const uint8_t* row, int64_t G, const int8_t* xq, c
   const int64_t K = G * 32;
 #ifdef HOST_QAVX2
   constexpr bool two = QT == Q6_K;
-  __m256 acc[MT];
+  __m256 acc[MT][2];
   float off[MT];
   for (int m = 0; m < MT; ++m) {
-    acc[m] = _mm256_setzero_ps();
+    acc[m][0] = acc[m][1] = _mm256_setzero_ps();
     off[m] = 0.f;
   }
   float dv[2 * CHUNK], bv[CHUNK], pd[two ? 1 : MT][CHUNK];
@@ -614,7 +634,7 @@ static inline void row_dot_q8(const uint8_t* row, int64_t G, const int8_t* xq, c
       for (int m = 0; m < MT; ++m)
         for (int64_t i = 0; i < n; ++i) pd[m][i] = dv[i] * xd[m * G + g0 + i];
     }
-    auto step = [&](int64_t i) __attribute__((always_inline)) {
+    auto step = [&](int64_t i, int a) __attribute__((always_inline)) {
       const int64_t g = g0 + i;
       const __m256i lv = group_levels<QT>(row, g);
       const __m256i lu = signed_levels<QT>() ? _mm256_sign_epi8(lv, lv) : lv;
@@ -625,15 +645,15 @@ static inline void row_dot_q8(const uint8_t* row, int64_t G, const int8_t* xq, c
         if constexpr (signed_levels<QT>()) xv = _mm256_sign_epi8(xv, lv);
         const __m256 p = _mm256_cvtepi32_ps(dot_u8s8(lu, xv));
         const __m256 sc = two ? _mm256_mul_ps(wd, _mm256_broadcast_ss(xd + m * G + g)) : _mm256_broadcast_ss(&pd[two ? 0 : m][i]);
-        acc[m] = _mm256_fmadd_ps(p, sc, acc[m]);
+        acc[m][a] = _mm256_fmadd_ps(p, sc, acc[m][a]);
       }
     };
-    for (int64_t i = 0; i < n; ++i) step(i);
+    pass_groups<MT>(n, step);
     if constexpr (has_offset<QT>()) {
       for (int m = 0; m < MT; ++m) off[m] += dot(bv, xsum + m * G + g0, n);
     }
   }
-  for (int m = 0; m < MT; ++m) out[m] = hsum256(acc[m]) + off[m];
+  for (int m = 0; m < MT; ++m) out[m] = hsum256(_mm256_add_ps(acc[m][0], acc[m][1])) + off[m];
 #else
   float w[32];
   for (int m = 0; m < MT; ++m) out[m] = 0.f;
