@@ -424,7 +424,7 @@ class SpeculativeConfig:
     The auto-off: a request whose moving acceptance rate over its last
     ``auto_off_window`` drafted steps falls below ``auto_off_threshold`` gets no drafts for
     ``auto_off_probe_steps`` steps, then is probed again (``auto_off_threshold`` 0: never off;
-    unset: 0.5 on the CPU, 0.2 on accelerators).
+    unset: 0.3 on the CPU, 0.2 on accelerators).
     ``disable_by_batch_size``: no drafts in a step whose running requests are at least this
     many (speculation pays at small batches).
     """
@@ -434,7 +434,7 @@ class SpeculativeConfig:
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 5
     model: str | None = None
-    auto_off_threshold: float | None = None  # None: the platform's (0.5 on the CPU, 0.2 elsewhere)
+    auto_off_threshold: float | None = None  # None: the platform's (0.3 on the CPU, 0.2 elsewhere)
     auto_off_window: int = 8
     auto_off_probe_steps: int = 32
     disable_by_batch_size: int | None = None
