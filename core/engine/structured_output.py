@@ -51,10 +51,14 @@ class StructuredOutputRequest:
         self.active = not self.reasoning_end  # the grammar constrains from this token on
         self._tail: list[int] = []  # the last generated tokens, to spot the end tag
 
+    def _tail_after(self, tail: list[int], token: int) -> list[int]:
+        """The last generated tokens after ``token``, as many as the end tag has."""
+        return (tail + [token])[-len(self.reasoning_end):]
+
     def see_reasoning_token(self, token: int) -> None:
         """One token generated while the reasoning runs; it activates the grammar when it
         completes the end tag."""
-        self._tail = (self._tail + [token])[-len(self.reasoning_end):]
+        self._tail = self._tail_after(self._tail, token)
         if self._tail == self.reasoning_end:
             self.active = True
 
@@ -75,7 +79,7 @@ class StructuredOutputRequest:
                     return j
                 token = drafts[j]
                 if not active:
-                    tail = (tail + [token])[-len(self.reasoning_end):]
+                    tail = self._tail_after(tail, token)
                     active = tail == self.reasoning_end
                 elif not self.matcher.is_terminated():
                     if not self.matcher.accept_token(token):

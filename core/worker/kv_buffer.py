@@ -19,6 +19,6 @@ def allocate_kv_buffer(numel: int, dtype: torch.dtype, device: torch.device) -> 
     """A zeroed 1-D tensor of ``numel`` elements of ``dtype`` on ``device``."""
     if device.type != "cpu" or numel == 0:
         return torch.zeros(numel, dtype=dtype, device=device)
-    nbytes = numel * torch.empty(0, dtype=dtype).element_size()
+    nbytes = numel * dtype.itemsize
     # the tensor holds a reference to the mapping, which is unmapped when the tensor is freed
     return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=torch.uint8).view(dtype)

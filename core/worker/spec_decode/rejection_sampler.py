@@ -145,8 +145,8 @@ class RejectionSampler:
         """``logits``: ``sum(len(d) + 1)`` rows, request by request. ``final[i]``: whether
         request ``i``'s rows produce tokens (a prefill chunk short of the prompt's end does
         not). ``allowed``: a bool ``[rows, V]`` mask per request index, for its first ``rows``
-        rows (the structured-output grammar at each drafted position; a ``[V]`` mask: row 0). ``draft_probs[i]``: the proposer's q, float [len(drafts[i]), V], or
-        None for one-hot drafts."""
+        rows (the structured-output grammar at each drafted position). ``draft_probs[i]``: the
+        proposer's q, float [len(drafts[i]), V], or None for one-hot drafts."""
         vocab = logits.shape[-1]
         rows = expand_rows(states, drafts)
         gens = row_generators(states, drafts, final)
@@ -158,7 +158,6 @@ class RejectionSampler:
         if allowed:
             mask = md.allowed_mask if md.allowed_mask is not None else torch.ones(len(rows), vocab, dtype=torch.bool)
             for i, m in allowed.items():
-                m = m if m.dim() == 2 else m[None, :]  # [V]: the request's first row only
                 mask[starts[i]: starts[i] + m.shape[0]] &= m
             md.allowed_mask = mask
         want_logprobs = md.max_num_logprobs
