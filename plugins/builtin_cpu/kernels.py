@@ -206,8 +206,12 @@ def cpu_kernels() -> Any | None:
                 name="host_cpu_kernels_v8",
                 cpp_sources=kernel_sources(),
                 functions=_FUNCTIONS,
-                # -fopenmp: at::parallel_for is an OpenMP region compiled into this module
-                extra_cflags=["-O3", *isa, "-mtune=native", "-ffast-math", "-fno-finite-math-only", "-fopenmp"],
+                # -fopenmp: at::parallel_for is an OpenMP region compiled into this module.
+                # -fno-associative-math: the compiler may not regroup float sums, which it would
+                # do differently in each batch-size variant of a kernel (a row's result must not
+                # depend on the rows computed beside it; the vector code is written out by hand)
+                extra_cflags=["-O3", *isa, "-mtune=native", "-ffast-math", "-fno-finite-math-only",
+                              "-fno-associative-math", "-fopenmp"],
                 extra_ldflags=["-fopenmp"],
                 verbose=False,
             )

@@ -24,6 +24,10 @@
 #if defined(HOST_AVX2) && defined(__F16C__)
 #define HOST_QAVX2 1
 #endif
+// and where AVX-512 (F, BW, VL) was built in, the small-M paths use 512-bit registers
+#if defined(HOST_QAVX2) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define HOST_QAVX512 1
+#endif
 
 namespace quant {
 
@@ -300,6 +304,140 @@ static inline void row_scales(const uint8_t* row, int64_t g0, int64_t n, float* 
 }
 #endif
 
+#ifdef HOST_QAVX512
+// ---- AVX-512 group decoders: group g of a row -> its 32 levels as floats (w0: values 0-15,
+// w1: values 16-31) and sc = [scale, offset, 0, 0]: value = level * scale + offset. Q6_K and
+// INT8 return levels already multiplied by their scale (Q6_K has one per 16 values), with
+// sc = [1, 0, 0, 0]. The nibble formats look their levels up in a 16-entry table (vpermps reads
+// the low 4 bits of each lane), which saves the mask and the int -> float conversion. ----
+template <int64_t QT>
+constexpr bool prescaled512() { return QT == Q6_K || QT == INT8; }
+template <int64_t QT>
+constexpr bool offset512() { return QT == Q4_1 || QT == Q4_K; }  // Q4_0's -8 is in its table
+
+template <int64_t QT>
+__attribute__((always_inline)) static inline void group512(const uint8_t* row, int64_t g, __m512& w0, __m512& w1, __m128& sc) {
+  if constexpr (QT == Q4_0 || QT == Q4_1) {
+    const uint8_t* b = row + g * (QT == Q4_0 ? 18 : 20);
+    const __m512 table = QT == Q4_0 ? _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7)
+                                    : _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + (QT == Q4_0 ? 2 : 4))));
+    w0 = _mm512_permutexvar_ps(q, table);                         // low nibbles: values 0..15
+    w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table);   // high nibbles: values 16..31
+    int32_t h = 0;
+    std::memcpy(&h, b, QT == Q4_0 ? 2 : 4);  // d (and m): two halves -> lanes 0 and 1
+    sc = _mm_cvtph_ps(_mm_cvtsi32_si128(h));
+  } else if constexpr (QT == Q8_0 || QT == INT8) {
+    const uint8_t* q = QT == Q8_0 ? row + g * 34 + 2 : row + g * 32;
+    w0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q))));
+    w1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16))));
+    sc = QT == Q8_0 ? _mm_cvtph_ps(_mm_cvtsi32_si128(*reinterpret_cast<const uint16_t*>(row + g * 34)))
+                    : _mm_setr_ps(1.f, 0.f, 0.f, 0.f);
+  } else if constexpr (QT == Q4_K) {
+    const uint8_t* b = row + (g / 8) * 144;
+    const int j = static_cast<int>(g % 8);
+    const uint8_t* q = b + 16 + (j / 2) * 32;  // value l of the group: byte l, low nibble (j even) or high
+    __m512i q0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+    __m512i q1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)));
+    if (j % 2) {
+      q0 = _mm512_srli_epi32(q0, 4);
+      q1 = _mm512_srli_epi32(q1, 4);
+    }
+    const __m512 table = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    w0 = _mm512_permutexvar_ps(q0, table);
+    w1 = _mm512_permutexvar_ps(q1, table);
+    int s6, m6;
+    k4_scale_min(b + 4, j, s6, m6);
+    sc = _mm_setr_ps(f16(b) * static_cast<float>(s6), -f16(b + 2) * static_cast<float>(m6), 0.f, 0.f);
+  } else {  // Q6_K: the 32 signed levels as group_avx2 builds them, each half times its scale
+    const uint8_t* b = row + (g / 8) * 210;
+    const int h = static_cast<int>((g % 8) / 4), s = static_cast<int>(g % 4);
+    __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + h * 64 + (s % 2) * 32));
+    __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + h * 32));
+    if (s / 2) ql = _mm256_srli_epi16(ql, 4);
+    ql = _mm256_and_si256(ql, _mm256_set1_epi8(0x0f));
+    switch (s) {
+      case 0: qh = _mm256_slli_epi16(qh, 4); break;
+      case 1: qh = _mm256_slli_epi16(qh, 2); break;
+      case 2: break;
+      default: qh = _mm256_srli_epi16(qh, 2); break;
+    }
+    qh = _mm256_and_si256(qh, _mm256_set1_epi8(0x30));
+    const __m256i q = _mm256_sub_epi8(_mm256_or_si256(ql, qh), _mm256_set1_epi8(32));
+    const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192) + h * 8 + s * 2;
+    const float d = f16(b + 208);
+    w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))), _mm512_set1_ps(d * static_cast<float>(scales[0])));
+    w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))), _mm512_set1_ps(d * static_cast<float>(scales[1])));
+    sc = _mm_setr_ps(1.f, 0.f, 0.f, 0.f);
+  }
+}
+
+// Row n of the weight (G groups of 32) dotted with MT rows of x, AVX-512: per group and row,
+// s = w0 . x[0:16] + w1 . x[16:32] (16 lanes), acc += s * scale, and the offset term
+// offset * sum(x over the group) accumulated beside it; two accumulators per row (even and odd
+// groups), so every row of x gets the same arithmetic whatever MT is (the result is the same to
+// the bit). The offsets: with one row, lane 1 of fma(sc, [0, xsum, 0, 0], off) (xs2 holds those
+// pairs, [M, G, 2]); with more, lane m of fma(broadcast(offset), xsT[g, 0:8], off) (xsT is
+// [G, 8]): the same fma per row either way.
+template <int64_t QT, int MT>
+__attribute__((always_inline)) static inline void row_dot512(const uint8_t* row, int64_t G, const float* x, int64_t xs, const float* xs2,
+                              const float* xsT, float* out) {
+  __m512 acc[MT][2];
+  for (int m = 0; m < MT; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+  __m128 off1[2] = {_mm_setzero_ps(), _mm_setzero_ps()};        // MT == 1
+  __m256 offm[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};  // MT > 1: lane m, row m
+  auto step = [&](int64_t g, int a) __attribute__((always_inline)) {
+    __m512 w0, w1;
+    __m128 sc;
+    group512<QT>(row, g, w0, w1, sc);
+    const __m512 d = _mm512_broadcastss_ps(sc);
+    for (int m = 0; m < MT; ++m) {
+      const float* xg = x + m * xs + g * 32;
+      const __m512 s = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xg + 16), _mm512_mul_ps(w0, _mm512_loadu_ps(xg)));
+      acc[m][a] = prescaled512<QT>() ? _mm512_add_ps(acc[m][a], s) : _mm512_fmadd_ps(s, d, acc[m][a]);
+    }
+    if constexpr (offset512<QT>()) {
+      if constexpr (MT == 1) {
+        off1[a] = _mm_fmadd_ps(sc, _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(xs2 + 2 * g))), off1[a]);
+      } else {
+        const __m256 b = _mm256_broadcastss_ps(_mm_movehdup_ps(sc));
+        offm[a] = _mm256_fmadd_ps(b, _mm256_loadu_ps(xsT + 8 * g), offm[a]);
+      }
+    }
+  };
+  int64_t g = 0;
+  for (; g + 2 <= G; g += 2) {
+    step(g, 0);
+    step(g + 1, 1);
+  }
+  if (g < G) step(g, 0);
+  float offs[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  if constexpr (offset512<QT>()) {
+    if constexpr (MT == 1) {
+      const __m128 o = _mm_add_ps(off1[0], off1[1]);
+      offs[0] = _mm_cvtss_f32(_mm_movehdup_ps(o));
+    } else {
+      _mm256_storeu_ps(offs, _mm256_add_ps(offm[0], offm[1]));
+    }
+  }
+  for (int m = 0; m < MT; ++m) out[m] = _mm512_reduce_add_ps(_mm512_add_ps(acc[m][0], acc[m][1])) + offs[m];
+}
+
+// The group sums of x for row_dot512: xs2 [M, G, 2] = (0, sum) pairs, xsT [G, 8] (rows past M zero).
+static inline void group_sums512(const float* x, int64_t M, int64_t xs, int64_t G, std::vector<float>& xs2,
+                                 std::vector<float>& xsT) {
+  xs2.assign(static_cast<size_t>(M * G * 2), 0.f);
+  xsT.assign(static_cast<size_t>(G * 8), 0.f);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t g = 0; g < G; ++g) {
+      const float* xg = x + m * xs + g * 32;
+      const float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_loadu_ps(xg), _mm512_loadu_ps(xg + 16)));
+      xs2[(m * G + g) * 2 + 1] = s;
+      xsT[g * 8 + m] = s;
+    }
+}
+#endif
+
 // Row n of the weight (G groups of 32) dotted with MT rows of x: out[m] = sum_k W[n, k] x[m, k].
 // xsum holds sum(x[m, 32g..32g+31]) at xsum[m * G + g] (formats with an offset only).
 template <int64_t QT, int MT>
@@ -364,7 +502,14 @@ static inline void row_dot(const uint8_t* row, int64_t G, const float* x, int64_
 template <int64_t QT>
 static inline void dequant_row(const uint8_t* row, int64_t G, float* dst) {
   for (int64_t g = 0; g < G; ++g) {
-#ifdef HOST_QAVX2
+#if defined(HOST_QAVX512)
+    __m512 w0, w1;
+    __m128 sc;
+    group512<QT>(row, g, w0, w1, sc);
+    const __m512 d = _mm512_broadcastss_ps(sc), b = _mm512_broadcastss_ps(_mm_movehdup_ps(sc));
+    _mm512_storeu_ps(dst + g * 32, _mm512_fmadd_ps(w0, d, b));
+    _mm512_storeu_ps(dst + g * 32 + 16, _mm512_fmadd_ps(w1, d, b));
+#elif defined(HOST_QAVX2)
     __m256 w[4];
     float d0, d1;
     const __m256 b = _mm256_set1_ps(group_avx2<QT>(row, g, w, d0, d1));
@@ -383,8 +528,13 @@ template <int64_t QT>
 static void gemm_into(const float* x, int64_t M, int64_t xs, int64_t K, const uint8_t* w, int64_t N, int64_t row_bytes,
                       const float* row_scale, const float* bias, float* y, int64_t ldy, int64_t col0) {
   const int64_t G = K / 32;
-  std::vector<float> xsum;
-  if (has_offset<QT>()) {
+  std::vector<float> xsum;  // the small-M AVX2 / scalar paths' group sums (row_dot)
+#ifdef HOST_QAVX512
+  constexpr bool row_sums = false;
+#else
+  constexpr bool row_sums = has_offset<QT>();
+#endif
+  if (row_sums && M <= SMALL_M) {
     xsum.resize(static_cast<size_t>(M * G));
     for (int64_t m = 0; m < M; ++m)
       for (int64_t g = 0; g < G; ++g) {
@@ -400,6 +550,10 @@ static void gemm_into(const float* x, int64_t M, int64_t xs, int64_t K, const ui
   };
   if (M <= SMALL_M) {
     const float* xsp = xsum.data();
+#ifdef HOST_QAVX512
+    std::vector<float> xs2, xsT;
+    if (offset512<QT>()) group_sums512(x, M, xs, G, xs2, xsT);
+#endif
     at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
       float out[8];
       for (int64_t n = begin; n < end; ++n) {
@@ -412,9 +566,15 @@ static void gemm_into(const float* x, int64_t M, int64_t xs, int64_t K, const ui
           for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T1);
         }
 #endif
+#ifdef HOST_QAVX512
+        with_rows(M, [&](auto mt) {
+          row_dot512<QT, decltype(mt)::value>(row, G, x, xs, xs2.data(), xsT.data(), out);
+        });
+#else
         with_rows(M, [&](auto mt) {
           row_dot<QT, decltype(mt)::value>(row, G, x, xs, xsp, out);
         });
+#endif
         for (int64_t m = 0; m < M; ++m) finish(m, n, out[m]);
       }
     });
@@ -549,8 +709,11 @@ static void quantize_q8_rows(const float* x, int64_t M, int64_t xs, int64_t K, i
 #else
       float amax = 0.f;
       for (int l = 0; l < 32; ++l) amax = std::max(amax, std::fabs(xg[l]));
-      const float dv = amax / 127.f;
-      const float id = dv > 0.f ? 1.f / dv : 0.f;
+      // the divisor read from a volatile: with a constant one the compiler multiplies by 1/127
+      // (-ffast-math), one ulp off the reference's division for some inputs
+      static volatile float q8_levels = 127.f, one = 1.f;
+      const float dv = amax / q8_levels;
+      const float id = dv > 0.f ? one / dv : 0.f;
       int isum = 0;
       for (int l = 0; l < 32; ++l) {
         const int v = static_cast<int>(std::nearbyint(xg[l] * id));

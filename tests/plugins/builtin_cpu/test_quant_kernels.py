@@ -102,6 +102,18 @@ def test_gguf_linear_bfloat16_and_strided_inputs(k, qtype):
     torch.testing.assert_close(y.double(), ref, rtol=2e-2, atol=2e-2 * float(ref.abs().max()))
 
 
+@pytest.mark.parametrize("qtype", FORMATS, ids=lambda q: q.name)
+def test_a_rows_result_does_not_depend_on_the_rows_beside_it(k, qtype):
+    # up to 8 rows share one pass over each weight row; every row still gets the arithmetic of
+    # the 1-row kernel, to the bit (a speculative verification step of 1 + k rows must score
+    # each position exactly as the plain decode step would)
+    blocks, _ = weight_case(qtype, 37, 1536)
+    x = torch.randn(8, 1536, generator=torch.Generator().manual_seed(int(qtype)))
+    alone = torch.cat([k.gguf_linear(x[i : i + 1], blocks, int(qtype), None) for i in range(8)])
+    for m in range(2, 9):
+        assert torch.equal(k.gguf_linear(x[:m], blocks, int(qtype), None), alone[:m]), f"{m} rows"
+
+
 def test_gguf_linear_names_bad_inputs(k):
     blocks, _ = weight_case(QT.Q4_1, 37, 1536)
     with pytest.raises(RuntimeError, match=r"qtype 6 is not one of .*Q4_0 \(2\)"):
