@@ -2,8 +2,22 @@
 
 from __future__ import annotations
 
+import gc
 import importlib
 from typing import Any
+
+
+def freeze_startup_objects() -> None:
+    """Collect once, then move every object alive now to the permanent generation (``gc.freeze``).
+
+    torch, transformers and the plugins leave about 300,000 long-lived objects behind, and a full
+    (generation 2) collection walks them all: 225 ms measured in an engine process holding the
+    default model, a stall of every running request whenever one falls due. Frozen, they are never
+    walked again (the same collection then takes microseconds). Called once a process has started
+    up (the API server, the engine core, each worker process); objects made later are collected
+    as usual."""
+    gc.collect()
+    gc.freeze()
 
 
 def resolve_qualname(target: Any) -> Any:

@@ -25,6 +25,7 @@ from host.core.plugins.manager import get_plugin_host
 from host.core.scheduler.output import SchedulerOutput
 from host.core.scheduler.request import Request, RequestStatus
 from host.core.scheduler.scheduler import Scheduler
+from host.core.utils import freeze_startup_objects
 from host.core.worker.output import ModelRunnerOutput
 from host.sdk.kv_connector import KVConnectorRole, KVOutputAggregator
 
@@ -68,6 +69,7 @@ class EngineCore:
             logger.info("Asynchronous scheduling: each step is planned while the previous one runs")
         # pipeline parallelism: up to max_concurrent_batches steps in flight (batch_queue.py)
         self.batch_queue = BatchQueue(self, self.executor.max_concurrent_batches) if pipelined else None
+        freeze_startup_objects()  # the model and its imports are never walked by the collector again
 
     def _resolve_quantization(self) -> None:
         """Decide each layer's quantization method once, here, for every worker (``config.quant.plan``)."""

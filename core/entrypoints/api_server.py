@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import os
 import time
@@ -28,6 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from host.core.entrypoints.drain import Drain, DrainMiddleware
 from host.core.entrypoints.middleware import ApiKeyMiddleware, BodyLimitMiddleware, InternalErrorMiddleware
+from host.core.utils import freeze_startup_objects
 from host.sdk.errors import error_body
 
 logger = logging.getLogger("host.api")
@@ -160,10 +160,7 @@ def build_app(config: Any, settings: ServerSettings, plugin_host: Any, engine: A
         watch = asyncio.create_task(_exit_on_engine_death(state)) if settings.exit_on_engine_death and state.engine is not None else None
         for plugin in endpoints:
             await plugin.init_state(state.engine, state, settings)
-        # torch, transformers and the plugins leave millions of objects behind; a full collection
-        # walks them all (~200 ms on the event loop's GIL). Frozen, they are never walked again.
-        gc.collect()
-        gc.freeze()
+        freeze_startup_objects()  # a full collection would walk torch's objects on the event loop
         state.ready.set()
         try:
             yield

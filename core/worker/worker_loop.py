@@ -64,13 +64,14 @@ class WorkerProc:
         try:
             self.broadcast = broadcast_handle.attach(rank)
             from host.core.plugins.platform import current_platform
-            from host.core.utils import resolve_qualname
+            from host.core.utils import freeze_startup_objects, resolve_qualname
 
             platform = current_platform()
             worker_cls = resolve_qualname(platform.worker_cls)
             self.worker = worker_cls(config, rank=rank, local_rank=local_rank, platform=platform)
             self.worker.init_device()
             self.worker.load_model()
+            freeze_startup_objects()
         except BaseException as exc:  # noqa: BLE001 - the engine gets the reason, then we exit
             self.responses.send(READY, rank, False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
             self.close()

@@ -146,7 +146,9 @@ class TorchPagedAttentionMetadata:
     ``write_slots`` are the cache slots (flattened ``block_id * block_size + offset``) the new
     tokens' K/V go to; ``write_token_index`` selects which batch tokens are written (``None``:
     tokens ``0..len(write_slots)``, i.e. no ``-1`` slots were present). ``groups`` partition
-    the requests that have query tokens this step.
+    the requests that have query tokens this step; they are built on first use (about 50 small
+    tensor ops, 0.5 ms on a 2-core CPU), so a step that never reads them (a decode step the
+    CPU's compiled ``llama_decode`` runs whole) never pays for them.
     """
 
     num_actual_tokens: int
@@ -162,8 +164,22 @@ class TorchPagedAttentionMetadata:
     slot_mapping: torch.Tensor  # int64 [num_actual_tokens]
     write_slots: torch.Tensor  # int64 [num_writes]
     write_token_index: torch.Tensor | None  # int64 [num_writes]
-    groups: list[PagedAttentionGroup]
+    num_blocks_needed: torch.Tensor  # int64 [num_reqs]  pages each sequence spans
     workspace: _Workspace = field(default_factory=_Workspace, repr=False)
+    _groups: list[PagedAttentionGroup] | None = field(default=None, repr=False)
+
+    @property
+    def groups(self) -> list[PagedAttentionGroup]:
+        if self._groups is None:
+            query_lens = self.query_start_loc[1:] - self.query_start_loc[:-1]
+            self._groups = [
+                TorchPagedAttentionMetadataBuilder._build_group(
+                    idx, self.query_start_loc, query_lens, self.seq_lens, self.context_lens, self.num_blocks_needed,
+                    self.block_table, self.block_size, self.causal,
+                )
+                for idx in _split_into_groups(query_lens, self.seq_lens)
+            ]
+        return self._groups
 
 
 class TorchPagedAttentionMetadataBuilder(AttentionMetadataBuilder):
@@ -201,12 +217,6 @@ class TorchPagedAttentionMetadataBuilder(AttentionMetadataBuilder):
             write_token_index = valid.nonzero().view(-1)
             write_slots = slot_mapping[write_token_index]
 
-        groups = [
-            self._build_group(
-                idx, qsl, query_lens, seq_lens, context_lens, num_blocks_needed, block_table, bs, common.causal
-            )
-            for idx in _split_into_groups(query_lens, seq_lens)
-        ]
         return TorchPagedAttentionMetadata(
             num_actual_tokens=n_tok,
             num_reqs=num_reqs,
@@ -221,7 +231,7 @@ class TorchPagedAttentionMetadataBuilder(AttentionMetadataBuilder):
             slot_mapping=slot_mapping,
             write_slots=write_slots,
             write_token_index=write_token_index,
-            groups=groups,
+            num_blocks_needed=num_blocks_needed,
             workspace=self._workspace,
         )
 
