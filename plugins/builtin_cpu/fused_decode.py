@@ -2,7 +2,7 @@
 
 A decode step of a small batch spends as long in Python — dispatching about ten small ops per
 layer — as in streaming the weights. :class:`FusedDecode` hands the whole decoder stack to the
-compiled ``llama_decode`` kernel instead (the CPU counterpart of replaying a captured CUDA
+compiled ``llama_decode_step`` kernel instead (the CPU counterpart of replaying a captured CUDA
 graph): the same kernels the layer-by-layer path uses, in the same order, so the results are
 the same. It takes a step only when every request has exactly one new token, the batch is at
 most ``max_rows`` tokens, the model is float32, every linear layer either has the plain weight
@@ -16,6 +16,7 @@ Q8-activation kernel), and the attention metadata is the torch paged algorithm's
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import Any
 
 import torch
@@ -30,7 +31,7 @@ logger = logging.getLogger("host.cpu")
 _EMPTY = torch.empty(0)
 
 
-# the linear kinds of llama_decode's linear_meta
+# the linear kinds of llama_decode_plan's linear_meta
 _FLOAT32, _INT8, _GGUF, _GGUF_Q8 = 0, 1, 2, 3
 # the GGUF block types the compiled kernel reads: every format kept quantized (int(gguf.GGMLQuantizationType) -> name)
 GGUF_QTYPES = NAMES
@@ -66,7 +67,7 @@ def _quant_reason(linear: nn.Module) -> str | None:
 
 
 def _linear_spec(linear: nn.Module) -> tuple[torch.Tensor, list[torch.Tensor], list[int]]:
-    """(weight slot, quantized tensors, linear_meta entries) of one linear for ``llama_decode``."""
+    """(weight slot, quantized tensors, linear_meta entries) of one linear for ``llama_decode_plan``."""
     scheme = getattr(linear, "scheme", None)
     if scheme == "int8":
         return _EMPTY, [linear.qweight.contiguous(), linear.scales.float().contiguous()], [_INT8, 0]
@@ -92,6 +93,8 @@ class FusedDecode:
         self.final_norm = decoder.norm.weight
         self.cos_sin = decoder.rotary_emb.cos_sin_cache
         self.windows = [int(layer.self_attn.attn.sliding_window or 0) for layer in layers]
+        self._plan: tuple[int, list[int]] | None = None  # (plan id, the KV caches' data pointers)
+        self._release: weakref.finalize | None = None
         self.weights: list[torch.Tensor] = []
         self.quant_tensors: list[torch.Tensor] = []
         self.linear_meta: list[int] = []
@@ -161,25 +164,29 @@ class FusedDecode:
             return None
         tables = md.block_table[:n].to(torch.int32).contiguous()
         seq_lens = md.seq_lens[:n].to(torch.int32).contiguous()
-        return self.kernels.llama_decode(
+        return self.kernels.llama_decode_step(
+            self._plan_for(ctx.kv_caches),
             hidden.contiguous(),
-            self.weights,
-            self.quant_tensors,
-            self.linear_meta,
-            ctx.kv_caches,
-            self.windows,
             positions.to(torch.int64).contiguous(),
             md.write_slots.to(torch.int64).contiguous(),
             tables,
             seq_lens,
-            self.cos_sin,
-            self.final_norm,
-            self.num_heads,
-            self.num_kv_heads,
-            self.head_dim,
-            self.eps,
-            self.scale,
         )
+
+    def _plan_for(self, kv_caches: list[torch.Tensor]) -> int:
+        """The compiled kernel's plan over these KV caches (built on first use and whenever the
+        caches are replaced): the weights and caches cross into C++ once, not every step."""
+        key = [cache.data_ptr() for cache in kv_caches]
+        if self._plan is None or self._plan[1] != key:
+            if self._release is not None:
+                self._release()  # the plan over the old caches
+            plan = self.kernels.llama_decode_plan(
+                self.weights, self.quant_tensors, self.linear_meta, list(kv_caches), self.windows, self.cos_sin,
+                self.final_norm, self.num_heads, self.num_kv_heads, self.head_dim, self.eps, self.scale,
+            )
+            self._plan = (plan, key)
+            self._release = weakref.finalize(self, self.kernels.llama_decode_release, plan)
+        return self._plan[0]
 
 
 def attach_fused_decode(model: nn.Module, kernels: Any, max_rows: int) -> bool:

@@ -185,7 +185,8 @@ def isa_flags() -> tuple[str, ...]:
 
 _FUNCTIONS = [
     "paged_decode", "linear_small_m", "gguf_linear", "gguf_linear_q8", "quantize_q8", "int8_linear", "kernels_isa",
-    "rms_norm", "fused_add_rms_norm_", "rotary_neox_", "silu_and_mul", "llama_decode",
+    "rms_norm", "fused_add_rms_norm_", "rotary_neox_", "silu_and_mul", "llama_decode_plan", "llama_decode_step",
+    "llama_decode_release",
 ]
 _MODULE: list[Any] = []  # [module or None] once attempted in this process
 

@@ -148,7 +148,7 @@ class TorchPagedAttentionMetadata:
     tokens ``0..len(write_slots)``, i.e. no ``-1`` slots were present). ``groups`` partition
     the requests that have query tokens this step; they are built on first use (about 50 small
     tensor ops, 0.5 ms on a 2-core CPU), so a step that never reads them (a decode step the
-    CPU's compiled ``llama_decode`` runs whole) never pays for them.
+    CPU's compiled ``llama_decode_step`` runs whole) never pays for them.
     """
 
     num_actual_tokens: int

@@ -83,36 +83,87 @@ static torch::Tensor decode_linear(const torch::Tensor& x, const torch::Tensor& 
   return y;
 }
 
-// A whole decode step of a Llama-family decoder (Llama, Qwen2, Qwen3) for M single-token
-// requests, in one call: the same kernels and the same arithmetic as the layer-by-layer path,
-// without a Python round trip per op. weights holds 12 tensors per layer, in order:
-// input norm, qkv weight, qkv bias, q norm, k norm, o weight, o bias, post-attention norm,
-// gate_up weight, gate_up bias, down weight, down bias (an empty tensor: not present).
-// kv_caches[l] is layer l's [2, num_blocks, block_size, KVH, hd] cache; windows[l] its sliding
-// window (0: none). Returns the final-normed hidden states [M, D].
-// The 4 linears of each layer (qkv, o, gate_up, down) are described by linear_meta and
-// quant_tensors (see parse_linears): a float32 one uses its weight slot in weights (plain or
-// blocked, linear_small_m), a quantized one leaves that slot empty and runs int8_linear or the
-// GGUF kernel on its shards (kind 3: with the input rows quantized to Q8 blocks once per linear).
-torch::Tensor llama_decode(torch::Tensor hidden, std::vector<torch::Tensor> weights,
-                           std::vector<torch::Tensor> quant_tensors, std::vector<int64_t> linear_meta,
-                           std::vector<torch::Tensor> kv_caches, std::vector<int64_t> windows,
-                           torch::Tensor positions, torch::Tensor slots, torch::Tensor block_table,
-                           torch::Tensor seq_lens, torch::Tensor cos_sin, torch::Tensor final_norm,
-                           int64_t H, int64_t KVH, int64_t hd, double eps, double scale) {
+// A decode plan: everything a Llama-family decode step reads that stays the same from step to
+// step (the weights, how each linear holds its weight, the KV caches, the RoPE table), converted
+// from Python once (llama_decode_plan) instead of on every step: the ~500 tensors of a 30-layer
+// model cost ~170 us of argument conversion per call.
+struct DecodePlan {
+  std::vector<torch::Tensor> weights;     // 12 per layer (see llama_decode_plan)
+  std::vector<DecodeLinear> linears;      // 4 per layer: qkv, o, gate_up, down
+  std::vector<torch::Tensor> kv_caches;   // [2, num_blocks, block_size, KVH, hd] per layer
+  std::vector<int64_t> windows;           // sliding window per layer (0: none)
+  torch::Tensor cos_sin, final_norm;
+  int64_t H = 0, KVH = 0, hd = 0;
+  double eps = 0.0, scale = 0.0;
+};
+
+static std::vector<std::unique_ptr<DecodePlan>>& decode_plans() {
+  static std::vector<std::unique_ptr<DecodePlan>> plans;  // index: plan id; released plans are null
+  return plans;
+}
+
+// Builds a plan and returns its id. weights holds 12 tensors per layer, in order: input norm,
+// qkv weight, qkv bias, q norm, k norm, o weight, o bias, post-attention norm, gate_up weight,
+// gate_up bias, down weight, down bias (an empty tensor: not present). kv_caches[l] is layer l's
+// [2, num_blocks, block_size, KVH, hd] cache; windows[l] its sliding window (0: none). The 4
+// linears of each layer (qkv, o, gate_up, down) are described by linear_meta and quant_tensors
+// (see parse_linears): a float32 one uses its weight slot in weights (plain or blocked,
+// linear_small_m), a quantized one leaves that slot empty and runs int8_linear or the GGUF
+// kernel on its shards (kind 3: with the input rows quantized to Q8 blocks once per linear).
+int64_t llama_decode_plan(std::vector<torch::Tensor> weights, std::vector<torch::Tensor> quant_tensors,
+                          std::vector<int64_t> linear_meta, std::vector<torch::Tensor> kv_caches,
+                          std::vector<int64_t> windows, torch::Tensor cos_sin, torch::Tensor final_norm, int64_t H,
+                          int64_t KVH, int64_t hd, double eps, double scale) {
   const int64_t L = static_cast<int64_t>(kv_caches.size());
   TORCH_CHECK(static_cast<int64_t>(weights.size()) == 12 * L && static_cast<int64_t>(windows.size()) == L,
-              "llama_decode: 12 weights and one window per layer");
+              "llama_decode_plan: 12 weights and one window per layer");
+  auto plan = std::make_unique<DecodePlan>();
+  plan->linears = parse_linears(quant_tensors, linear_meta, 4 * L);
+  plan->weights = std::move(weights);
+  plan->kv_caches = std::move(kv_caches);
+  plan->windows = std::move(windows);
+  plan->cos_sin = cos_sin;
+  plan->final_norm = final_norm;
+  plan->H = H;
+  plan->KVH = KVH;
+  plan->hd = hd;
+  plan->eps = eps;
+  plan->scale = scale;
+  auto& plans = decode_plans();
+  plans.push_back(std::move(plan));
+  return static_cast<int64_t>(plans.size()) - 1;
+}
+
+// Drops a plan (its tensors are released); its id is not reused.
+void llama_decode_release(int64_t plan) {
+  auto& plans = decode_plans();
+  if (plan >= 0 && plan < static_cast<int64_t>(plans.size())) plans[plan].reset();
+}
+
+// One decode step of a plan's decoder for M single-token requests, in one call: the same kernels
+// and the same arithmetic as the layer-by-layer path, without a Python round trip per op.
+// positions and slots: int64 [M]; block_table: int32 [M, max_blocks]; seq_lens: int32 [M].
+// Returns the final-normed hidden states [M, D].
+torch::Tensor llama_decode_step(int64_t plan_id, torch::Tensor hidden, torch::Tensor positions, torch::Tensor slots,
+                                torch::Tensor block_table, torch::Tensor seq_lens) {
+  auto& plans = decode_plans();
+  TORCH_CHECK(plan_id >= 0 && plan_id < static_cast<int64_t>(plans.size()) && plans[plan_id],
+              "llama_decode_step: plan ", plan_id, " does not exist (released, or never built)");
+  const DecodePlan& p = *plans[plan_id];
+  const int64_t L = static_cast<int64_t>(p.kv_caches.size()), H = p.H, KVH = p.KVH, hd = p.hd;
+  const double eps = p.eps;
   TORCH_CHECK(hidden.scalar_type() == torch::kFloat32 && hidden.is_contiguous() && hidden.dim() == 2);
-  TORCH_CHECK(slots.scalar_type() == torch::kInt64 && slots.is_contiguous());
+  TORCH_CHECK(slots.scalar_type() == torch::kInt64 && slots.is_contiguous() && positions.scalar_type() == torch::kInt64 &&
+              positions.is_contiguous(), "llama_decode_step: int64 positions and slots");
+  TORCH_CHECK(block_table.scalar_type() == torch::kInt32 && seq_lens.scalar_type() == torch::kInt32,
+              "llama_decode_step: int32 block table and seq lens");
   const int64_t M = hidden.size(0), qs = H * hd, kvs = KVH * hd;
   TORCH_CHECK(slots.numel() == M && positions.numel() == M && seq_lens.numel() == M && block_table.size(0) == M);
-  const std::vector<DecodeLinear> linears = parse_linears(quant_tensors, linear_meta, 4 * L);
   torch::Tensor residual = hidden;
   torch::Tensor x;
   for (int64_t l = 0; l < L; ++l) {
-    const torch::Tensor* w = weights.data() + 12 * l;
-    const DecodeLinear* lin = linears.data() + 4 * l;
+    const torch::Tensor* w = p.weights.data() + 12 * l;
+    const DecodeLinear* lin = p.linears.data() + 4 * l;
     if (l == 0) {
       x = rms_norm(residual, w[0], eps);
     } else {
@@ -123,21 +174,21 @@ torch::Tensor llama_decode(torch::Tensor hidden, std::vector<torch::Tensor> weig
     if (w[3].numel()) {  // per-head q/k norm (Qwen3), then RoPE on the normed copies
       q = rms_norm(qkv.narrow(1, 0, qs).reshape({M * H, hd}), w[3], eps).view({M, H, hd});
       k = rms_norm(qkv.narrow(1, qs, kvs).reshape({M * KVH, hd}), w[4], eps).view({M, KVH, hd});
-      rotary_neox_(q, positions, cos_sin);
-      rotary_neox_(k, positions, cos_sin);
+      rotary_neox_(q, positions, p.cos_sin);
+      rotary_neox_(k, positions, p.cos_sin);
     } else {  // q and k adjacent in the projection: rotate them in place together
-      rotary_neox_(qkv.narrow(1, 0, qs + kvs).view({M, H + KVH, hd}), positions, cos_sin);
+      rotary_neox_(qkv.narrow(1, 0, qs + kvs).view({M, H + KVH, hd}), positions, p.cos_sin);
       q = qkv.narrow(1, 0, qs).reshape({M, H, hd});
       k = qkv.narrow(1, qs, kvs).view({M, KVH, hd});
     }
     torch::Tensor v = qkv.narrow(1, qs + kvs, kvs).view({M, KVH, hd});
-    torch::Tensor kc = kv_caches[l].select(0, 0), vc = kv_caches[l].select(0, 1);
+    torch::Tensor kc = p.kv_caches[l].select(0, 0), vc = p.kv_caches[l].select(0, 1);
     write_kv(k, v, kc, vc, slots.data_ptr<int64_t>(), M);
-    torch::Tensor attn = paged_decode(q.contiguous(), kc, vc, block_table, seq_lens, scale, windows[l]);
+    torch::Tensor attn = paged_decode(q.contiguous(), kc, vc, block_table, seq_lens, p.scale, p.windows[l]);
     x = decode_linear(attn.view({M, qs}), w[5], w[6], lin[1]);
     fused_add_rms_norm_(x, residual, w[7], eps);
     x = decode_linear(silu_and_mul(decode_linear(x, w[8], w[9], lin[2])), w[10], w[11], lin[3]);
   }
-  fused_add_rms_norm_(x, residual, final_norm, eps);
+  fused_add_rms_norm_(x, residual, p.final_norm, eps);
   return x;
 }
