@@ -255,7 +255,7 @@ static inline void pass_groups(int64_t n, Step&& step) {
 template <int64_t QT>
 constexpr bool has_offset() { return QT == Q4_0 || QT == Q4_1 || QT == Q4_K; }
 
-constexpr int64_t CHUNK = 64;  // groups whose scales row_dot converts at once
+constexpr int64_t CHUNK = 64;  // groups whose scales row_dot_q8 converts at once
 
 #ifdef HOST_QAVX2
 // The scales (dv; two per group for Q6_K) and offsets (bv) of groups g0 .. g0 + n - 1 of a row
@@ -423,67 +423,87 @@ __attribute__((always_inline)) static inline void row_dot512(const uint8_t* row,
   for (int m = 0; m < MT; ++m) out[m] = _mm512_reduce_add_ps(_mm512_add_ps(acc[m][0], acc[m][1])) + offs[m];
 }
 
-// The group sums of x for row_dot512: xs2 [M, G, 2] = (0, sum) pairs, xsT [G, 8] (rows past M zero).
-static inline void group_sums512(const float* x, int64_t M, int64_t xs, int64_t G, std::vector<float>& xs2,
-                                 std::vector<float>& xsT) {
-  xs2.assign(static_cast<size_t>(M * G * 2), 0.f);
-  xsT.assign(static_cast<size_t>(G * 8), 0.f);
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t g = 0; g < G; ++g) {
-      const float* xg = x + m * xs + g * 32;
-      const float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_loadu_ps(xg), _mm512_loadu_ps(xg + 16)));
-      xs2[(m * G + g) * 2 + 1] = s;
-      xsT[g * 8 + m] = s;
-    }
+#endif
+
+#ifdef HOST_QAVX2
+// The scales of group g of a row as [scale of values 0-15, offset, scale of values 16-31, 0]
+// (value = level * scale + offset; the two scales differ only for Q6_K), converted from the
+// block's own halves in one instruction where the format allows.
+template <int64_t QT>
+static inline __m128 group_scales_avx2(const uint8_t* row, int64_t g) {
+  if constexpr (QT == Q4_1) {
+    return _mm_cvtph_ps(_mm_cvtsi32_si128(*reinterpret_cast<const int32_t*>(row + g * 20)));  // [d, m, 0, 0]
+  } else if constexpr (QT == Q4_0 || QT == Q8_0) {
+    const __m128 d = _mm_cvtph_ps(_mm_cvtsi32_si128(*reinterpret_cast<const uint16_t*>(row + g * (QT == Q4_0 ? 18 : 34))));
+    return QT == Q4_0 ? _mm_mul_ps(_mm_moveldup_ps(d), _mm_setr_ps(1.f, -8.f, 0.f, 0.f)) : d;  // [d, -8d] / [d, 0]
+  } else if constexpr (QT == INT8) {
+    return _mm_setr_ps(1.f, 0.f, 0.f, 0.f);
+  } else {
+    __m256 unused[4];
+    float d0, d1;
+    const float b = group_avx2<QT, true>(row, g, unused, d0, d1);  // the levels unused: dead code
+    return _mm_setr_ps(d0, b, d1, 0.f);
+  }
 }
 #endif
 
 // Row n of the weight (G groups of 32) dotted with MT rows of x: out[m] = sum_k W[n, k] x[m, k].
-// xsum holds sum(x[m, 32g..32g+31]) at xsum[m * G + g] (formats with an offset only).
+// xs2 and xsT hold the group sums of x (group_sums; formats with an offset only).
 template <int64_t QT, int MT>
-static inline void row_dot(const uint8_t* row, int64_t G, const float* x, int64_t xs, const float* xsum, float* out) {
+static inline void row_dot(const uint8_t* row, int64_t G, const float* x, int64_t xs, const float* xs2,
+                           const float* xsT, float* out) {
 #ifdef HOST_QAVX2
-  // per group: s = sum over its 32 values of level * x, then acc += s * d (two partial sums with
-  // their own scale for Q6_K's 16-value scales), into two accumulators per row of x, one for
-  // the even groups and one for the odd ones (pass_groups). The scales of a chunk of groups are
-  // converted first (row_scales), so the inner loop broadcasts them from memory; the offsets
-  // are one dot product with the group sums of x per chunk.
+  // per group: s = sum over its 32 values of level * x, then acc += s * scale (two partial sums
+  // with their own scale for Q6_K's 16-value scales), into two accumulators per row of x, one
+  // for the even groups and one for the odd ones (pass_groups); the offset term offset *
+  // sum(x over the group) beside it, as row_dot512 does (lane 1 of an fma with (0, sum) pairs
+  // for one row, lane m of a broadcast fma for more): every row gets the same arithmetic,
+  // whatever MT is.
   constexpr bool two = QT == Q6_K;
   __m256 acc[MT][2];
-  float off[MT];
-  for (int m = 0; m < MT; ++m) {
-    acc[m][0] = acc[m][1] = _mm256_setzero_ps();
-    off[m] = 0.f;
-  }
-  float dv[2 * CHUNK], bv[CHUNK];
-  for (int64_t g0 = 0; g0 < G; g0 += CHUNK) {
-    const int64_t n = std::min<int64_t>(CHUNK, G - g0);
-    row_scales<QT>(row, g0, n, dv, bv);
-    auto step = [&](int64_t i, int a) __attribute__((always_inline)) {
-      __m256 w[4];
-      float unused0, unused1;
-      group_avx2<QT, false>(row, g0 + i, w, unused0, unused1);
-      const __m256 vd0 = _mm256_broadcast_ss(dv + (two ? 2 * i : i));
-      for (int m = 0; m < MT; ++m) {
-        const float* xg = x + m * xs + (g0 + i) * 32;
-        __m256 s0 = _mm256_mul_ps(w[0], _mm256_loadu_ps(xg));
-        __m256 s1 = _mm256_mul_ps(w[2], _mm256_loadu_ps(xg + 16));
-        s0 = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xg + 8), s0);
-        s1 = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xg + 24), s1);
-        if constexpr (two) {
-          acc[m][a] = _mm256_fmadd_ps(s1, _mm256_broadcast_ss(dv + 2 * i + 1), _mm256_fmadd_ps(s0, vd0, acc[m][a]));
-        } else {
-          acc[m][a] = _mm256_fmadd_ps(_mm256_add_ps(s0, s1), vd0, acc[m][a]);
-        }
+  for (int m = 0; m < MT; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+  __m128 off1[2] = {_mm_setzero_ps(), _mm_setzero_ps()};        // MT == 1
+  __m256 offm[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};  // MT > 1: lane m, row m
+  auto step = [&](int64_t g, int a) __attribute__((always_inline)) {
+    __m256 w[4];
+    float unused0, unused1;
+    group_avx2<QT, false>(row, g, w, unused0, unused1);
+    const __m128 sc = group_scales_avx2<QT>(row, g);
+    const __m256 vd0 = _mm256_broadcastss_ps(sc);
+    const __m256 vd1 = two ? _mm256_broadcastss_ps(_mm_movehl_ps(sc, sc)) : vd0;
+    for (int m = 0; m < MT; ++m) {
+      const float* xg = x + m * xs + g * 32;
+      __m256 s0 = _mm256_mul_ps(w[0], _mm256_loadu_ps(xg));
+      __m256 s1 = _mm256_mul_ps(w[2], _mm256_loadu_ps(xg + 16));
+      s0 = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xg + 8), s0);
+      s1 = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xg + 24), s1);
+      if constexpr (two) {
+        acc[m][a] = _mm256_fmadd_ps(s1, vd1, _mm256_fmadd_ps(s0, vd0, acc[m][a]));
+      } else {
+        acc[m][a] = _mm256_fmadd_ps(_mm256_add_ps(s0, s1), vd0, acc[m][a]);
       }
-    };
-    pass_groups<MT>(n, step);
+    }
     if constexpr (has_offset<QT>()) {
-      for (int m = 0; m < MT; ++m) off[m] += dot(bv, xsum + m * G + g0, n);
+      if constexpr (MT == 1) {
+        off1[a] = _mm_fmadd_ps(sc, _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(xs2 + 2 * g))), off1[a]);
+      } else {
+        const __m256 b = _mm256_broadcastss_ps(_mm_movehdup_ps(sc));
+        offm[a] = _mm256_fmadd_ps(b, _mm256_loadu_ps(xsT + 8 * g), offm[a]);
+      }
+    }
+  };
+  pass_groups<MT>(G, step);
+  float offs[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  if constexpr (has_offset<QT>()) {
+    if constexpr (MT == 1) {
+      offs[0] = _mm_cvtss_f32(_mm_movehdup_ps(_mm_add_ps(off1[0], off1[1])));
+    } else {
+      _mm256_storeu_ps(offs, _mm256_add_ps(offm[0], offm[1]));
     }
   }
-  for (int m = 0; m < MT; ++m) out[m] = hsum256(_mm256_add_ps(acc[m][0], acc[m][1])) + off[m];
+  for (int m = 0; m < MT; ++m) out[m] = hsum256(_mm256_add_ps(acc[m][0], acc[m][1])) + offs[m];
 #else
+  (void)xsT;
   float w[32];
   for (int m = 0; m < MT; ++m) out[m] = 0.f;
   for (int64_t g = 0; g < G; ++g) {
@@ -492,10 +512,26 @@ static inline void row_dot(const uint8_t* row, int64_t G, const float* x, int64_
       const float* xg = x + m * xs + g * 32;
       float s = 0.f;
       for (int l = 0; l < 32; ++l) s += w[l] * xg[l];
-      out[m] += s + (has_offset<QT>() ? b * xsum[m * G + g] : 0.f);
+      out[m] += s + (has_offset<QT>() ? b * xs2[(m * G + g) * 2 + 1] : 0.f);
     }
   }
 #endif
+}
+
+// The group sums of x [M, K] for the small-M paths: xs2 [M, G, 2] = (0, sum) pairs, xsT [G, 8]
+// (rows past M zero); summed in order, so every batch-size variant reads the same sums.
+static inline void group_sums(const float* x, int64_t M, int64_t xs, int64_t G, std::vector<float>& xs2,
+                              std::vector<float>& xsT) {
+  xs2.assign(static_cast<size_t>(M * G * 2), 0.f);
+  xsT.assign(static_cast<size_t>(G * 8), 0.f);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t g = 0; g < G; ++g) {
+      const float* xg = x + m * xs + g * 32;
+      float sum = 0.f;
+      for (int l = 0; l < 32; ++l) sum += xg[l];
+      xs2[(m * G + g) * 2 + 1] = sum;
+      xsT[g * 8 + m] = sum;
+    }
 }
 
 // Dequantizes row `row` (G groups) into dst[32 G] floats.
@@ -528,32 +564,14 @@ template <int64_t QT>
 static void gemm_into(const float* x, int64_t M, int64_t xs, int64_t K, const uint8_t* w, int64_t N, int64_t row_bytes,
                       const float* row_scale, const float* bias, float* y, int64_t ldy, int64_t col0) {
   const int64_t G = K / 32;
-  std::vector<float> xsum;  // the small-M AVX2 / scalar paths' group sums (row_dot)
-#ifdef HOST_QAVX512
-  constexpr bool row_sums = false;
-#else
-  constexpr bool row_sums = has_offset<QT>();
-#endif
-  if (row_sums && M <= SMALL_M) {
-    xsum.resize(static_cast<size_t>(M * G));
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t g = 0; g < G; ++g) {
-        float s = 0.f;
-        for (int l = 0; l < 32; ++l) s += x[m * xs + g * 32 + l];
-        xsum[m * G + g] = s;
-      }
-  }
   auto finish = [&](int64_t m, int64_t n, float v) {
     if (row_scale) v *= row_scale[n];
     if (bias) v += bias[n];
     y[m * ldy + col0 + n] = v;
   };
   if (M <= SMALL_M) {
-    const float* xsp = xsum.data();
-#ifdef HOST_QAVX512
     std::vector<float> xs2, xsT;
-    if (offset512<QT>()) group_sums512(x, M, xs, G, xs2, xsT);
-#endif
+    if (has_offset<QT>()) group_sums(x, M, xs, G, xs2, xsT);
     at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
       float out[8];
       for (int64_t n = begin; n < end; ++n) {
@@ -572,7 +590,7 @@ static void gemm_into(const float* x, int64_t M, int64_t xs, int64_t K, const ui
         });
 #else
         with_rows(M, [&](auto mt) {
-          row_dot<QT, decltype(mt)::value>(row, G, x, xs, xsp, out);
+          row_dot<QT, decltype(mt)::value>(row, G, x, xs, xs2.data(), xsT.data(), out);
         });
 #endif
         for (int64_t m = 0; m < M; ++m) finish(m, n, out[m]);
