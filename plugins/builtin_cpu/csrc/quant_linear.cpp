@@ -255,55 +255,6 @@ static inline void pass_groups(int64_t n, Step&& step) {
 template <int64_t QT>
 constexpr bool has_offset() { return QT == Q4_0 || QT == Q4_1 || QT == Q4_K; }
 
-constexpr int64_t CHUNK = 64;  // groups whose scales row_dot_q8 converts at once
-
-#ifdef HOST_QAVX2
-// The scales (dv; two per group for Q6_K) and offsets (bv) of groups g0 .. g0 + n - 1 of a row
-// (n <= CHUNK): value = level * d + b, as group_avx2 returns them.
-template <int64_t QT>
-static inline void row_scales(const uint8_t* row, int64_t g0, int64_t n, float* dv, float* bv) {
-  if constexpr (QT == Q4_0 || QT == Q4_1 || QT == Q8_0) {
-    // one gather fetches the 4 leading bytes (d, and m for Q4_1) of 8 blocks; the halves are
-    // packed into one register and converted together
-    constexpr int bytes = QT == Q4_0 ? 18 : (QT == Q4_1 ? 20 : 34);
-    const uint8_t* b = row + g0 * bytes;
-    const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(bytes));
-    const __m256i lo16 = _mm256_set1_epi32(0xffff);
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-      const __m256i v = _mm256_i32gather_epi32(reinterpret_cast<const int*>(b + i * bytes), idx, 1);
-      // [d0..3, m0..3 | d4..7, m4..7] -> [d0..7 | m0..7]
-      const __m256i packed = _mm256_permute4x64_epi64(
-          _mm256_packus_epi32(_mm256_and_si256(v, lo16), _mm256_srli_epi32(v, 16)), 0xd8);
-      const __m256 d = _mm256_cvtph_ps(_mm256_castsi256_si128(packed));
-      _mm256_storeu_ps(dv + i, d);
-      if constexpr (QT == Q4_1) _mm256_storeu_ps(bv + i, _mm256_cvtph_ps(_mm256_extracti128_si256(packed, 1)));
-      if constexpr (QT == Q4_0) _mm256_storeu_ps(bv + i, _mm256_mul_ps(d, _mm256_set1_ps(-8.f)));
-    }
-    for (; i < n; ++i) {
-      dv[i] = f16(b + i * bytes);
-      if constexpr (QT == Q4_1) bv[i] = f16(b + i * bytes + 2);
-      if constexpr (QT == Q4_0) bv[i] = -8.f * dv[i];
-    }
-  } else if constexpr (QT == INT8) {
-    for (int64_t i = 0; i < n; ++i) dv[i] = 1.f;
-  } else {
-    __m256 w[4];
-    for (int64_t i = 0; i < n; ++i) {
-      float d0, d1;
-      const float b = group_avx2<QT, true>(row, g0 + i, w, d0, d1);  // the levels unused: dead code
-      if constexpr (QT == Q6_K) {
-        dv[2 * i] = d0;
-        dv[2 * i + 1] = d1;
-      } else {
-        dv[i] = d0;
-        bv[i] = b;
-      }
-    }
-  }
-}
-#endif
-
 #ifdef HOST_QAVX512
 // ---- AVX-512 group decoders: group g of a row -> its 32 levels as floats (w0: values 0-15,
 // w1: values 16-31) and sc = [scale, offset, 0, 0]: value = level * scale + offset. Q6_K and
@@ -794,48 +745,54 @@ static inline __m256i dot_u8s8(__m256i u, __m256i s) {
 #endif
 
 // Row n of the weight (G groups of 32) dotted with MT Q8 rows: out[m] = sum_g dw_g d_mg sum(l q) + bw_g s_mg.
-// xq: int8 rows (stride K = 32 G); xd, xs: per-block scales and sums (stride G).
+// xq: int8 rows (stride K = 32 G); xd: per-block scales (stride G); xs2, xsT: the block sums
+// s in the layouts of group_sums (formats with an offset only).
 template <int64_t QT, int MT>
-static inline void row_dot_q8(const uint8_t* row, int64_t G, const int8_t* xq, const float* xd, const float* xsum,
-                              float* out) {
+static inline void row_dot_q8(const uint8_t* row, int64_t G, const int8_t* xq, const float* xd, const float* xs2,
+                              const float* xsT, float* out) {
   const int64_t K = G * 32;
 #ifdef HOST_QAVX2
+  // per group and row: the integer dot of the levels and the Q8 block (maddubs + madd, or
+  // dpbusd), as 8 float lanes times (weight scale * activation scale), into two accumulators
+  // (even and odd groups); the weight scales converted inline, the offsets as row_dot's
   constexpr bool two = QT == Q6_K;
   __m256 acc[MT][2];
-  float off[MT];
-  for (int m = 0; m < MT; ++m) {
-    acc[m][0] = acc[m][1] = _mm256_setzero_ps();
-    off[m] = 0.f;
-  }
-  float dv[2 * CHUNK], bv[CHUNK], pd[two ? 1 : MT][CHUNK];
-  for (int64_t g0 = 0; g0 < G; g0 += CHUNK) {
-    const int64_t n = std::min<int64_t>(CHUNK, G - g0);
-    row_scales<QT>(row, g0, n, dv, bv);
-    if constexpr (!two) {  // the products of the weight and activation scales, per row of x
-      for (int m = 0; m < MT; ++m)
-        for (int64_t i = 0; i < n; ++i) pd[m][i] = dv[i] * xd[m * G + g0 + i];
+  for (int m = 0; m < MT; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+  __m128 off1[2] = {_mm_setzero_ps(), _mm_setzero_ps()};
+  __m256 offm[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  auto step = [&](int64_t g, int a) __attribute__((always_inline)) {
+    const __m256i lv = group_levels<QT>(row, g);
+    const __m256i lu = signed_levels<QT>() ? _mm256_sign_epi8(lv, lv) : lv;
+    const __m128 sc = group_scales_avx2<QT>(row, g);
+    // Q6_K: lanes 0-3 hold values 0-15 (scale lane 0 of sc), lanes 4-7 values 16-31 (lane 2)
+    const __m256 wd = two ? _mm256_set_m128(_mm_broadcastss_ps(_mm_movehl_ps(sc, sc)), _mm_broadcastss_ps(sc))
+                          : _mm256_broadcastss_ps(sc);
+    for (int m = 0; m < MT; ++m) {
+      __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + m * K + g * 32));
+      if constexpr (signed_levels<QT>()) xv = _mm256_sign_epi8(xv, lv);
+      const __m256 p = _mm256_cvtepi32_ps(dot_u8s8(lu, xv));
+      acc[m][a] = _mm256_fmadd_ps(p, _mm256_mul_ps(wd, _mm256_broadcast_ss(xd + m * G + g)), acc[m][a]);
     }
-    auto step = [&](int64_t i, int a) __attribute__((always_inline)) {
-      const int64_t g = g0 + i;
-      const __m256i lv = group_levels<QT>(row, g);
-      const __m256i lu = signed_levels<QT>() ? _mm256_sign_epi8(lv, lv) : lv;
-      // Q6_K: lanes 0-3 hold values 0-15 (scale dv[2i]), lanes 4-7 values 16-31 (dv[2i + 1])
-      const __m256 wd = two ? _mm256_set_m128(_mm_set1_ps(dv[2 * i + 1]), _mm_set1_ps(dv[2 * i])) : _mm256_setzero_ps();
-      for (int m = 0; m < MT; ++m) {
-        __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + m * K + g * 32));
-        if constexpr (signed_levels<QT>()) xv = _mm256_sign_epi8(xv, lv);
-        const __m256 p = _mm256_cvtepi32_ps(dot_u8s8(lu, xv));
-        const __m256 sc = two ? _mm256_mul_ps(wd, _mm256_broadcast_ss(xd + m * G + g)) : _mm256_broadcast_ss(&pd[two ? 0 : m][i]);
-        acc[m][a] = _mm256_fmadd_ps(p, sc, acc[m][a]);
-      }
-    };
-    pass_groups<MT>(n, step);
     if constexpr (has_offset<QT>()) {
-      for (int m = 0; m < MT; ++m) off[m] += dot(bv, xsum + m * G + g0, n);
+      if constexpr (MT == 1) {
+        off1[a] = _mm_fmadd_ps(sc, _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(xs2 + 2 * g))), off1[a]);
+      } else {
+        offm[a] = _mm256_fmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(sc)), _mm256_loadu_ps(xsT + 8 * g), offm[a]);
+      }
+    }
+  };
+  pass_groups<MT>(G, step);
+  float offs[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  if constexpr (has_offset<QT>()) {
+    if constexpr (MT == 1) {
+      offs[0] = _mm_cvtss_f32(_mm_movehdup_ps(_mm_add_ps(off1[0], off1[1])));
+    } else {
+      _mm256_storeu_ps(offs, _mm256_add_ps(offm[0], offm[1]));
     }
   }
-  for (int m = 0; m < MT; ++m) out[m] = hsum256(_mm256_add_ps(acc[m][0], acc[m][1])) + off[m];
+  for (int m = 0; m < MT; ++m) out[m] = hsum256(_mm256_add_ps(acc[m][0], acc[m][1])) + offs[m];
 #else
+  (void)xsT;
   float w[32];
   for (int m = 0; m < MT; ++m) out[m] = 0.f;
   for (int64_t g = 0; g < G; ++g) {
@@ -844,7 +801,7 @@ static inline void row_dot_q8(const uint8_t* row, int64_t G, const int8_t* xq, c
       const int8_t* qg = xq + m * K + g * 32;
       float sacc = 0.f;
       for (int l = 0; l < 32; ++l) sacc += w[l] * static_cast<float>(qg[l]);
-      out[m] += sacc * xd[m * G + g] + (has_offset<QT>() ? b * xsum[m * G + g] : 0.f);
+      out[m] += sacc * xd[m * G + g] + (has_offset<QT>() ? b * xs2[(m * G + g) * 2 + 1] : 0.f);
     }
   }
 #endif
@@ -854,12 +811,19 @@ static inline void row_dot_q8(const uint8_t* row, int64_t G, const int8_t* xq, c
 struct Q8Rows {
   int64_t M = 0, K = 0;
   std::vector<int8_t> q;
-  std::vector<float> d, s;
+  std::vector<float> d, s, s2, sT;  // s: the block sums d * sum(q); s2, sT: the same in group_sums' layouts
   Q8Rows(const float* x, int64_t M_, int64_t xs, int64_t K_) : M(M_), K(K_) {
+    const int64_t G = K / 32;
     q.resize(static_cast<size_t>(M * K));
-    d.resize(static_cast<size_t>(M * (K / 32)));
+    d.resize(static_cast<size_t>(M * G));
     s.resize(d.size());
     quantize_q8_rows(x, M, xs, K, q.data(), d.data(), s.data());
+    if (M <= SMALL_M) {
+      s2.assign(static_cast<size_t>(M * G * 2), 0.f);
+      sT.assign(static_cast<size_t>(G * 8), 0.f);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t g = 0; g < G; ++g) s2[(m * G + g) * 2 + 1] = sT[g * 8 + m] = s[m * G + g];
+    }
   }
 };
 
@@ -873,7 +837,8 @@ static void gemm_q8_into(const Q8Rows& xr, const uint8_t* w, int64_t N, int64_t 
   const int64_t M = xr.M, K = xr.K, G = K / 32;
   const int8_t* xq = xr.q.data();
   const float* xd = xr.d.data();
-  const float* xs = xr.s.data();
+  const float* xs2 = xr.s2.data();
+  const float* xsT = xr.sT.data();
   auto finish = [&](int64_t m, int64_t n, float v) {
     if (row_scale) v *= row_scale[n];
     if (bias) v += bias[n];
@@ -889,7 +854,7 @@ static void gemm_q8_into(const Q8Rows& xr, const uint8_t* w, int64_t N, int64_t 
         for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T1);
       }
 #endif
-      with_rows(M, [&](auto mt) { row_dot_q8<QT, decltype(mt)::value>(row, G, xq, xd, xs, out); });
+      with_rows(M, [&](auto mt) { row_dot_q8<QT, decltype(mt)::value>(row, G, xq, xd, xs2, xsT, out); });
       for (int64_t m = 0; m < M; ++m) finish(m, n, out[m]);
     }
   });

@@ -109,9 +109,10 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it(k, qtype):
     # each position exactly as the plain decode step would)
     blocks, _ = weight_case(qtype, 37, 1536)
     x = torch.randn(8, 1536, generator=torch.Generator().manual_seed(int(qtype)))
-    alone = torch.cat([k.gguf_linear(x[i : i + 1], blocks, int(qtype), None) for i in range(8)])
-    for m in range(2, 9):
-        assert torch.equal(k.gguf_linear(x[:m], blocks, int(qtype), None), alone[:m]), f"{m} rows"
+    for op in (k.gguf_linear, k.gguf_linear_q8):  # float32 and Q8 activations
+        alone = torch.cat([op(x[i : i + 1], blocks, int(qtype), None) for i in range(8)])
+        for m in range(2, 9):
+            assert torch.equal(op(x[:m], blocks, int(qtype), None), alone[:m]), f"{op.__name__}, {m} rows"
 
 
 def test_gguf_linear_names_bad_inputs(k):
