@@ -17,8 +17,9 @@
 // w (already multiplied by the group's scale) and an offset b with value = w + b, so a dot
 // product is sum(w * x) + b * sum(x over the group); the per-group sums of x are computed once
 // per call. Up to SMALL_M rows of x are handled by streaming each weight row once (the group is
-// dequantized once and used for every row of x); more rows dequantize a panel of weight rows
-// into float32 (it stays in L2) and multiply it with at::mm.
+// dequantized once and used for every row of x); more rows run in blocks of SMALL_M over tiles
+// of weight rows (AVX-512 builds) or dequantize a panel of weight rows into float32 (it stays in
+// L2) and multiply it with at::mm (see ROWS_MAX_M).
 
 // the AVX2 paths below also use F16C (half -> float conversions)
 #if defined(HOST_AVX2) && defined(__F16C__)
@@ -32,6 +33,17 @@
 namespace quant {
 
 constexpr int64_t SMALL_M = 8;
+// Batches up to ROWS_MAX_M rows run the row kernels, in blocks of SMALL_M rows over tiles of
+// ROWS_TILE weight rows; larger ones dequantize weight panels for at::mm. With AVX-512 the row
+// kernels win at every size measured (default model's linears, 2 threads: 64 rows 25.0 -> 16.3
+// ms, 1024 rows 398 -> 307 ms); with AVX2 they only tie at 64 rows and lose at 1024 (the
+// panels' at::mm still runs AVX-512 there), so AVX2 builds keep the panels above SMALL_M rows.
+#ifdef HOST_QAVX512
+constexpr int64_t ROWS_MAX_M = INT64_MAX;
+#else
+constexpr int64_t ROWS_MAX_M = SMALL_M;
+#endif
+constexpr int64_t ROWS_TILE = 64;
 constexpr int64_t PREFETCH_ROWS = 4;  // how far ahead the small-M path prefetches weight rows
 
 enum QType : int64_t { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14, INT8 = -1 };
@@ -469,19 +481,20 @@ static inline void row_dot(const uint8_t* row, int64_t G, const float* x, int64_
 #endif
 }
 
-// The group sums of x [M, K] for the small-M paths: xs2 [M, G, 2] = (0, sum) pairs, xsT [G, 8]
-// (rows past M zero); summed in order, so every batch-size variant reads the same sums.
+// The group sums of x [M, K] for the row kernels: xs2 [M, G, 2] = (0, sum) pairs, xsT [B, G, 8]
+// for each block of 8 rows (rows past M zero); summed in order, so every batch-size variant reads
+// the same sums.
 static inline void group_sums(const float* x, int64_t M, int64_t xs, int64_t G, std::vector<float>& xs2,
                               std::vector<float>& xsT) {
   xs2.assign(static_cast<size_t>(M * G * 2), 0.f);
-  xsT.assign(static_cast<size_t>(G * 8), 0.f);
+  xsT.assign(static_cast<size_t>((M + 7) / 8 * G * 8), 0.f);
   for (int64_t m = 0; m < M; ++m)
     for (int64_t g = 0; g < G; ++g) {
       const float* xg = x + m * xs + g * 32;
       float sum = 0.f;
       for (int l = 0; l < 32; ++l) sum += xg[l];
       xs2[(m * G + g) * 2 + 1] = sum;
-      xsT[g * 8 + m] = sum;
+      xsT[((m / 8) * G + g) * 8 + m % 8] = sum;
     }
 }
 
@@ -520,31 +533,41 @@ static void gemm_into(const float* x, int64_t M, int64_t xs, int64_t K, const ui
     if (bias) v += bias[n];
     y[m * ldy + col0 + n] = v;
   };
-  if (M <= SMALL_M) {
+  if (M <= ROWS_MAX_M) {
+    // blocks of up to SMALL_M rows of x pass over a tile of TR weight rows while it stays in
+    // L1 / L2 (one block: the whole range streams once); every row of x gets the arithmetic of
+    // the 1-row kernel
+    const int64_t blocks = (M + SMALL_M - 1) / SMALL_M, TR = blocks == 1 ? N : ROWS_TILE;
     std::vector<float> xs2, xsT;
     if (has_offset<QT>()) group_sums(x, M, xs, G, xs2, xsT);
     at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
       float out[8];
-      for (int64_t n = begin; n < end; ++n) {
-        const uint8_t* row = w + n * row_bytes;
+      for (int64_t n0 = begin; n0 < end; n0 += TR) {
+        const int64_t n1 = std::min(end, n0 + TR);
+        for (int64_t b = 0; b < blocks; ++b) {
+          const int64_t m0 = b * SMALL_M, mb = std::min<int64_t>(SMALL_M, M - m0);
+          const float* xb = x + m0 * xs;
+          const float* s2 = has_offset<QT>() ? xs2.data() + m0 * G * 2 : nullptr;
+          const float* sT = has_offset<QT>() ? xsT.data() + b * G * 8 : nullptr;
+          for (int64_t n = n0; n < n1; ++n) {
+            const uint8_t* row = w + n * row_bytes;
 #ifdef HOST_QAVX2
-        // the row PREFETCH_ROWS ahead into L2 while this one computes (the hardware prefetcher
-        // alone leaves the whole-model weight stream at about half the kernel's cached speed)
-        if (n + PREFETCH_ROWS < end) {
-          const char* ahead = reinterpret_cast<const char*>(row + PREFETCH_ROWS * row_bytes);
-          for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T1);
-        }
+            // the row PREFETCH_ROWS ahead into L2 while this one computes (the hardware
+            // prefetcher alone leaves the whole-model weight stream at about half the kernel's
+            // cached speed); later blocks find the tile in cache
+            if (b == 0 && n + PREFETCH_ROWS < end) {
+              const char* ahead = reinterpret_cast<const char*>(row + PREFETCH_ROWS * row_bytes);
+              for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T1);
+            }
 #endif
 #ifdef HOST_QAVX512
-        with_rows(M, [&](auto mt) {
-          row_dot512<QT, decltype(mt)::value>(row, G, x, xs, xs2.data(), xsT.data(), out);
-        });
+            with_rows(mb, [&](auto mt) { row_dot512<QT, decltype(mt)::value>(row, G, xb, xs, s2, sT, out); });
 #else
-        with_rows(M, [&](auto mt) {
-          row_dot<QT, decltype(mt)::value>(row, G, x, xs, xs2.data(), xsT.data(), out);
-        });
+            with_rows(mb, [&](auto mt) { row_dot<QT, decltype(mt)::value>(row, G, xb, xs, s2, sT, out); });
 #endif
-        for (int64_t m = 0; m < M; ++m) finish(m, n, out[m]);
+            for (int64_t m = 0; m < mb; ++m) finish(m0 + m, n, out[m]);
+          }
+        }
       }
     });
     return;
@@ -830,7 +853,7 @@ struct Q8Rows {
 // The output columns [col0, col0 + N) of y (row stride ldy) = Q8 rows @ dequantize(W[N, K])^T
 // (+ bias[n]): each weight row is read once and dotted with every row of x in one pass (the
 // row stays in L1, the int8 activations in L2). gguf_shards_q8_into sends batches above SMALL_M
-// rows to the float panel path instead (measured faster on AVX2: see docs/quantization.md).
+// rows to the float kernels instead (measured faster on AVX2: see docs/quantization.md).
 template <int64_t QT>
 static void gemm_q8_into(const Q8Rows& xr, const uint8_t* w, int64_t N, int64_t row_bytes, const float* row_scale,
                          const float* bias, float* y, int64_t ldy, int64_t col0) {
@@ -883,8 +906,8 @@ static void gguf_shards_q8_into(const torch::Tensor& x, const std::vector<torch:
   TORCH_CHECK(K % 32 == 0, "gguf_linear_q8: x has K = ", K, " columns, not a multiple of the 32-value Q8 block");
   const Q8Rows xr(x.data_ptr<float>(), M, x.stride(0), K);
   if (M > SMALL_M) {
-    // many rows: the same Q8 values, dequantized, through the panel path (dequantized weight
-    // panels times at::mm), which beats the integer row kernel at these sizes without VNNI
+    // many rows: the same Q8 values, dequantized, through the float kernels (gemm_into), which
+    // beat the integer row kernel at these sizes without VNNI
     torch::Tensor xdq = torch::empty({M, K}, x.options());
     float* p = xdq.data_ptr<float>();
     at::parallel_for(0, M, 8, [&](int64_t begin, int64_t end) {
