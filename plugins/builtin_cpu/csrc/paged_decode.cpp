@@ -28,6 +28,7 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
   const int32_t* sl = seq_lens.data_ptr<int32_t>();
   float* op = out.data_ptr<float>();
   const float fscale = static_cast<float>(scale);
+  [[maybe_unused]] const bool wide = D % 16 == 0;  // the AVX-512 loops (where built) take head sizes in 16s
 
   // Work items are (request, KV head, span of positions). When there are fewer (request, KV
   // head) pairs than twice the threads (batch-1 decode), long sequences are split into spans
@@ -58,6 +59,20 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
       const int64_t n = it.t1 - it.t0;
       scores.resize(rep * n);
       const float* qh = qp + (it.r * H + it.h * rep) * D;
+#ifdef __AVX512F__
+      if (wide) {  // per head: its query row against each key, 16 lanes at a time
+        for (int64_t j = 0; j < rep; ++j) {
+          const float* qj = qh + j * D;
+          float* sj = scores.data() + j * n;
+          for (int64_t t = it.t0; t < it.t1; ++t) {
+            const float* kt = kp + bt[it.r * MB + t / BS] * ks0 + (t % BS) * ks1 + it.h * ks2;
+            __m512 a = _mm512_mul_ps(_mm512_loadu_ps(qj), _mm512_loadu_ps(kt));
+            for (int64_t d = 16; d < D; d += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(qj + d), _mm512_loadu_ps(kt + d), a);
+            sj[t - it.t0] = _mm512_reduce_add_ps(a) * fscale;
+          }
+        }
+      } else
+#endif
       for (int64_t t = it.t0; t < it.t1; ++t) {
         const int64_t blk = bt[it.r * MB + t / BS];
         const float* kt = kp + blk * ks0 + (t % BS) * ks1 + it.h * ks2;
@@ -71,6 +86,23 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
         part_l[idx * rep + j] = exp_shifted(sj, sj, n, m);
       }
       float* acc = part_acc.data() + idx * rep * D;
+#ifdef __AVX512F__
+      if (wide) {  // per head and 64 columns: the weighted sum of the values held in 4 registers
+        for (int64_t j = 0; j < rep; ++j) {
+          const float* sj = scores.data() + j * n;
+          for (int64_t d0 = 0; d0 < D; d0 += 64) {
+            const int64_t chunks = std::min<int64_t>(64, D - d0) / 16;
+            __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+            for (int64_t t = it.t0; t < it.t1; ++t) {
+              const float* vt = vp + bt[it.r * MB + t / BS] * vs0 + (t % BS) * vs1 + it.h * vs2 + d0;
+              const __m512 pt = _mm512_set1_ps(sj[t - it.t0]);
+              for (int64_t c = 0; c < chunks; ++c) a[c] = _mm512_fmadd_ps(pt, _mm512_loadu_ps(vt + 16 * c), a[c]);
+            }
+            for (int64_t c = 0; c < chunks; ++c) _mm512_storeu_ps(acc + j * D + d0 + 16 * c, a[c]);
+          }
+        }
+      } else
+#endif
       for (int64_t t = it.t0; t < it.t1; ++t) {
         const int64_t blk = bt[it.r * MB + t / BS];
         const float* vt = vp + blk * vs0 + (t % BS) * vs1 + it.h * vs2;

@@ -300,3 +300,29 @@ def test_compiled_decode_kernel_splits_long_sequences(window) -> None:
     impl._decode_kernel = kernel
     out = impl.forward(batch.query, batch.key, batch.value, batch.kv_cache.clone(), md)
     torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("head_size", [40, 80, 128])
+def test_compiled_decode_kernel_head_sizes(head_size) -> None:
+    """Head sizes in 16s take the wide loops (64 columns of values at a time: 80 and 128 need a
+    partial second pass), others the general loops; both equal softmax(q k^T) v."""
+    from host.plugins.builtin_cpu.kernels import cpu_kernels
+
+    k = cpu_kernels()
+    assert k is not None
+    gen = torch.Generator().manual_seed(head_size)
+    reqs, heads, kv_heads, bs, length = 3, 6, 2, 16, 45
+    blocks = reqs * 3 + 1
+    kc, vc = torch.randn(blocks, bs, kv_heads, head_size, generator=gen), torch.randn(blocks, bs, kv_heads, head_size, generator=gen)
+    table = torch.randperm(blocks - 1, generator=gen)[: reqs * 3].add(1).view(reqs, 3).to(torch.int32)
+    lens = torch.tensor([length, 17, 1], dtype=torch.int32)
+    q = torch.randn(reqs, heads, head_size, generator=gen)
+    out = k.paged_decode(q, kc, vc, table, lens, 0.1, 0)
+    for r in range(reqs):
+        n = int(lens[r])
+        keys = kc[table[r].long()].reshape(-1, kv_heads, head_size)[:n].double()
+        vals = vc[table[r].long()].reshape(-1, kv_heads, head_size)[:n].double()
+        for h in range(heads):
+            kvh = h // (heads // kv_heads)
+            p = torch.softmax(keys[:, kvh] @ q[r, h].double() * 0.1, dim=0)
+            torch.testing.assert_close(out[r, h].double(), p @ vals[:, kvh], atol=1e-5, rtol=1e-5)
