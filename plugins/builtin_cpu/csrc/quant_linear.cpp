@@ -181,6 +181,24 @@ static inline __m256i load8u(const uint8_t* p) {
   return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
 }
 
+// group g of a Q6_K row -> its 32 signed levels (q - 32) as bytes, in value order
+static inline __m256i q6k_levels(const uint8_t* row, int64_t g) {
+  const uint8_t* b = row + (g / 8) * 210;
+  const int h = static_cast<int>((g % 8) / 4), s = static_cast<int>(g % 4);
+  __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + h * 64 + (s % 2) * 32));
+  __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + h * 32));
+  if (s / 2) ql = _mm256_srli_epi16(ql, 4);
+  ql = _mm256_and_si256(ql, _mm256_set1_epi8(0x0f));
+  switch (s) {  // bits 2s, 2s+1 of each qh byte -> bits 4, 5
+    case 0: qh = _mm256_slli_epi16(qh, 4); break;
+    case 1: qh = _mm256_slli_epi16(qh, 2); break;
+    case 2: break;
+    default: qh = _mm256_srli_epi16(qh, 2); break;
+  }
+  qh = _mm256_and_si256(qh, _mm256_set1_epi8(0x30));
+  return _mm256_sub_epi8(_mm256_or_si256(ql, qh), _mm256_set1_epi8(32));
+}
+
 // ---- AVX2 group decoders: group g of a row -> w[4] (8 floats each) holding the integer
 // levels, and their scales: value = w[i] * (i < 2 ? d0 : d1) + b; returns b ----
 template <int64_t QT, bool S = true>
@@ -217,23 +235,12 @@ static inline float group_avx2(const uint8_t* row, int64_t g, __m256* w, float& 
     d0 = d1 = f16(b) * static_cast<float>(sc);
     return -f16(b + 2) * static_cast<float>(mn);
   } else {  // Q6_K
-    const uint8_t* b = row + (g / 8) * 210;
-    const int h = static_cast<int>((g % 8) / 4), s = static_cast<int>(g % 4);
-    __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + h * 64 + (s % 2) * 32));
-    __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + h * 32));
-    if (s / 2) ql = _mm256_srli_epi16(ql, 4);
-    ql = _mm256_and_si256(ql, _mm256_set1_epi8(0x0f));
-    switch (s) {  // bits 2s, 2s+1 of each qh byte -> bits 4, 5
-      case 0: qh = _mm256_slli_epi16(qh, 4); break;
-      case 1: qh = _mm256_slli_epi16(qh, 2); break;
-      case 2: break;
-      default: qh = _mm256_srli_epi16(qh, 2); break;
-    }
-    qh = _mm256_and_si256(qh, _mm256_set1_epi8(0x30));
-    const __m256i q = _mm256_sub_epi8(_mm256_or_si256(ql, qh), _mm256_set1_epi8(32));
+    const __m256i q = q6k_levels(row, g);
     cvt16(_mm256_castsi256_si128(q), w);
     cvt16(_mm256_extracti128_si256(q, 1), w + 2);
     if constexpr (!S) return 0.f;
+    const uint8_t* b = row + (g / 8) * 210;
+    const int h = static_cast<int>((g % 8) / 4), s = static_cast<int>(g % 4);
     const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192) + h * 8 + s * 2;
     const float d = f16(b + 208);
     d0 = d * static_cast<float>(sc[0]);
@@ -266,6 +273,34 @@ static inline void pass_groups(int64_t n, Step&& step) {
 
 template <int64_t QT>
 constexpr bool has_offset() { return QT == Q4_0 || QT == Q4_1 || QT == Q4_K; }
+
+#ifdef HOST_QAVX2
+// The offset terms of MT rows of x, offset_g * (sum of row m over group g), accumulated beside
+// the row kernels' dot products, even and odd groups apart (a = g % 2): with one row in lane 1 of
+// an fma of sc = [scale, offset, ...] with xs2's (0, sum) pairs, with more in lane m of an fma of
+// the broadcast offset with xsT's [8] sums; the same fma per row either way, so a row's result
+// does not depend on MT.
+template <int MT>
+struct GroupOffsets {
+  __m128 one[2] = {_mm_setzero_ps(), _mm_setzero_ps()};
+  __m256 many[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  __attribute__((always_inline)) inline void add(__m128 sc, const float* xs2, const float* xsT, int64_t g, int a) {
+    if constexpr (MT == 1) {
+      one[a] = _mm_fmadd_ps(sc, _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(xs2 + 2 * g))), one[a]);
+    } else {
+      many[a] = _mm256_fmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(sc)), _mm256_loadu_ps(xsT + 8 * g), many[a]);
+    }
+  }
+  // offs[m] = the total of row m (offs holds 8)
+  inline void totals(float* offs) const {
+    if constexpr (MT == 1) {
+      offs[0] = _mm_cvtss_f32(_mm_movehdup_ps(_mm_add_ps(one[0], one[1])));
+    } else {
+      _mm256_storeu_ps(offs, _mm256_add_ps(many[0], many[1]));
+    }
+  }
+};
+#endif
 
 #ifdef HOST_QAVX512
 // ---- AVX-512 group decoders: group g of a row -> its 32 levels as floats (w0: values 0-15,
@@ -312,21 +347,10 @@ __attribute__((always_inline)) static inline void group512(const uint8_t* row, i
     int s6, m6;
     k4_scale_min(b + 4, j, s6, m6);
     sc = _mm_setr_ps(f16(b) * static_cast<float>(s6), -f16(b + 2) * static_cast<float>(m6), 0.f, 0.f);
-  } else {  // Q6_K: the 32 signed levels as group_avx2 builds them, each half times its scale
+  } else {  // Q6_K: the 32 signed levels, each half times its scale
+    const __m256i q = q6k_levels(row, g);
     const uint8_t* b = row + (g / 8) * 210;
     const int h = static_cast<int>((g % 8) / 4), s = static_cast<int>(g % 4);
-    __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + h * 64 + (s % 2) * 32));
-    __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + h * 32));
-    if (s / 2) ql = _mm256_srli_epi16(ql, 4);
-    ql = _mm256_and_si256(ql, _mm256_set1_epi8(0x0f));
-    switch (s) {
-      case 0: qh = _mm256_slli_epi16(qh, 4); break;
-      case 1: qh = _mm256_slli_epi16(qh, 2); break;
-      case 2: break;
-      default: qh = _mm256_srli_epi16(qh, 2); break;
-    }
-    qh = _mm256_and_si256(qh, _mm256_set1_epi8(0x30));
-    const __m256i q = _mm256_sub_epi8(_mm256_or_si256(ql, qh), _mm256_set1_epi8(32));
     const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192) + h * 8 + s * 2;
     const float d = f16(b + 208);
     w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))), _mm512_set1_ps(d * static_cast<float>(scales[0])));
@@ -339,16 +363,13 @@ __attribute__((always_inline)) static inline void group512(const uint8_t* row, i
 // s = w0 . x[0:16] + w1 . x[16:32] (16 lanes), acc += s * scale, and the offset term
 // offset * sum(x over the group) accumulated beside it; two accumulators per row (even and odd
 // groups), so every row of x gets the same arithmetic whatever MT is (the result is the same to
-// the bit). The offsets: with one row, lane 1 of fma(sc, [0, xsum, 0, 0], off) (xs2 holds those
-// pairs, [M, G, 2]); with more, lane m of fma(broadcast(offset), xsT[g, 0:8], off) (xsT is
-// [G, 8]): the same fma per row either way.
+// the bit). The offsets accumulate in GroupOffsets (xs2, xsT: the group sums of x, group_sums).
 template <int64_t QT, int MT>
 __attribute__((always_inline)) static inline void row_dot512(const uint8_t* row, int64_t G, const float* x, int64_t xs, const float* xs2,
                               const float* xsT, float* out) {
   __m512 acc[MT][2];
   for (int m = 0; m < MT; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
-  __m128 off1[2] = {_mm_setzero_ps(), _mm_setzero_ps()};        // MT == 1
-  __m256 offm[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};  // MT > 1: lane m, row m
+  GroupOffsets<MT> off;
   auto step = [&](int64_t g, int a) __attribute__((always_inline)) {
     __m512 w0, w1;
     __m128 sc;
@@ -359,14 +380,7 @@ __attribute__((always_inline)) static inline void row_dot512(const uint8_t* row,
       const __m512 s = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xg + 16), _mm512_mul_ps(w0, _mm512_loadu_ps(xg)));
       acc[m][a] = prescaled512<QT>() ? _mm512_add_ps(acc[m][a], s) : _mm512_fmadd_ps(s, d, acc[m][a]);
     }
-    if constexpr (offset512<QT>()) {
-      if constexpr (MT == 1) {
-        off1[a] = _mm_fmadd_ps(sc, _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(xs2 + 2 * g))), off1[a]);
-      } else {
-        const __m256 b = _mm256_broadcastss_ps(_mm_movehdup_ps(sc));
-        offm[a] = _mm256_fmadd_ps(b, _mm256_loadu_ps(xsT + 8 * g), offm[a]);
-      }
-    }
+    if constexpr (offset512<QT>()) off.add(sc, xs2, xsT, g, a);
   };
   int64_t g = 0;
   for (; g + 2 <= G; g += 2) {
@@ -375,14 +389,7 @@ __attribute__((always_inline)) static inline void row_dot512(const uint8_t* row,
   }
   if (g < G) step(g, 0);
   float offs[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  if constexpr (offset512<QT>()) {
-    if constexpr (MT == 1) {
-      const __m128 o = _mm_add_ps(off1[0], off1[1]);
-      offs[0] = _mm_cvtss_f32(_mm_movehdup_ps(o));
-    } else {
-      _mm256_storeu_ps(offs, _mm256_add_ps(offm[0], offm[1]));
-    }
-  }
+  if constexpr (offset512<QT>()) off.totals(offs);
   for (int m = 0; m < MT; ++m) out[m] = _mm512_reduce_add_ps(_mm512_add_ps(acc[m][0], acc[m][1])) + offs[m];
 }
 
@@ -419,14 +426,12 @@ static inline void row_dot(const uint8_t* row, int64_t G, const float* x, int64_
   // per group: s = sum over its 32 values of level * x, then acc += s * scale (two partial sums
   // with their own scale for Q6_K's 16-value scales), into two accumulators per row of x, one
   // for the even groups and one for the odd ones (pass_groups); the offset term offset *
-  // sum(x over the group) beside it, as row_dot512 does (lane 1 of an fma with (0, sum) pairs
-  // for one row, lane m of a broadcast fma for more): every row gets the same arithmetic,
+  // sum(x over the group) beside it (GroupOffsets): every row gets the same arithmetic,
   // whatever MT is.
   constexpr bool two = QT == Q6_K;
   __m256 acc[MT][2];
   for (int m = 0; m < MT; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
-  __m128 off1[2] = {_mm_setzero_ps(), _mm_setzero_ps()};        // MT == 1
-  __m256 offm[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};  // MT > 1: lane m, row m
+  GroupOffsets<MT> off;
   auto step = [&](int64_t g, int a) __attribute__((always_inline)) {
     __m256 w[4];
     float unused0, unused1;
@@ -446,24 +451,11 @@ static inline void row_dot(const uint8_t* row, int64_t G, const float* x, int64_
         acc[m][a] = _mm256_fmadd_ps(_mm256_add_ps(s0, s1), vd0, acc[m][a]);
       }
     }
-    if constexpr (has_offset<QT>()) {
-      if constexpr (MT == 1) {
-        off1[a] = _mm_fmadd_ps(sc, _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(xs2 + 2 * g))), off1[a]);
-      } else {
-        const __m256 b = _mm256_broadcastss_ps(_mm_movehdup_ps(sc));
-        offm[a] = _mm256_fmadd_ps(b, _mm256_loadu_ps(xsT + 8 * g), offm[a]);
-      }
-    }
+    if constexpr (has_offset<QT>()) off.add(sc, xs2, xsT, g, a);
   };
   pass_groups<MT>(G, step);
   float offs[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  if constexpr (has_offset<QT>()) {
-    if constexpr (MT == 1) {
-      offs[0] = _mm_cvtss_f32(_mm_movehdup_ps(_mm_add_ps(off1[0], off1[1])));
-    } else {
-      _mm256_storeu_ps(offs, _mm256_add_ps(offm[0], offm[1]));
-    }
-  }
+  if constexpr (has_offset<QT>()) off.totals(offs);
   for (int m = 0; m < MT; ++m) out[m] = hsum256(_mm256_add_ps(acc[m][0], acc[m][1])) + offs[m];
 #else
   (void)xsT;
@@ -740,20 +732,7 @@ static inline __m256i group_levels(const uint8_t* row, int64_t g) {
     if (j % 2) v = _mm256_srli_epi16(v, 4);
     return _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
   } else {  // Q6_K
-    const uint8_t* b = row + (g / 8) * 210;
-    const int h = static_cast<int>((g % 8) / 4), s = static_cast<int>(g % 4);
-    __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + h * 64 + (s % 2) * 32));
-    __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + h * 32));
-    if (s / 2) ql = _mm256_srli_epi16(ql, 4);
-    ql = _mm256_and_si256(ql, _mm256_set1_epi8(0x0f));
-    switch (s) {
-      case 0: qh = _mm256_slli_epi16(qh, 4); break;
-      case 1: qh = _mm256_slli_epi16(qh, 2); break;
-      case 2: break;
-      default: qh = _mm256_srli_epi16(qh, 2); break;
-    }
-    qh = _mm256_and_si256(qh, _mm256_set1_epi8(0x30));
-    return _mm256_sub_epi8(_mm256_or_si256(ql, qh), _mm256_set1_epi8(32));
+    return q6k_levels(row, g);
   }
 }
 
@@ -781,8 +760,7 @@ static inline void row_dot_q8(const uint8_t* row, int64_t G, const int8_t* xq, c
   constexpr bool two = QT == Q6_K;
   __m256 acc[MT][2];
   for (int m = 0; m < MT; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
-  __m128 off1[2] = {_mm_setzero_ps(), _mm_setzero_ps()};
-  __m256 offm[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  GroupOffsets<MT> off;
   auto step = [&](int64_t g, int a) __attribute__((always_inline)) {
     const __m256i lv = group_levels<QT>(row, g);
     const __m256i lu = signed_levels<QT>() ? _mm256_sign_epi8(lv, lv) : lv;
@@ -796,23 +774,11 @@ static inline void row_dot_q8(const uint8_t* row, int64_t G, const int8_t* xq, c
       const __m256 p = _mm256_cvtepi32_ps(dot_u8s8(lu, xv));
       acc[m][a] = _mm256_fmadd_ps(p, _mm256_mul_ps(wd, _mm256_broadcast_ss(xd + m * G + g)), acc[m][a]);
     }
-    if constexpr (has_offset<QT>()) {
-      if constexpr (MT == 1) {
-        off1[a] = _mm_fmadd_ps(sc, _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(xs2 + 2 * g))), off1[a]);
-      } else {
-        offm[a] = _mm256_fmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(sc)), _mm256_loadu_ps(xsT + 8 * g), offm[a]);
-      }
-    }
+    if constexpr (has_offset<QT>()) off.add(sc, xs2, xsT, g, a);
   };
   pass_groups<MT>(G, step);
   float offs[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  if constexpr (has_offset<QT>()) {
-    if constexpr (MT == 1) {
-      offs[0] = _mm_cvtss_f32(_mm_movehdup_ps(_mm_add_ps(off1[0], off1[1])));
-    } else {
-      _mm256_storeu_ps(offs, _mm256_add_ps(offm[0], offm[1]));
-    }
-  }
+  if constexpr (has_offset<QT>()) off.totals(offs);
   for (int m = 0; m < MT; ++m) out[m] = hsum256(_mm256_add_ps(acc[m][0], acc[m][1])) + offs[m];
 #else
   (void)xsT;
