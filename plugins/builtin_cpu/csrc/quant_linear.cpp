@@ -473,35 +473,38 @@ static inline void row_dot(const uint8_t* row, int64_t G, const float* x, int64_
 #endif
 }
 
-// The group sums of x [M, K] for the row kernels: xs2 [M, G, 2] = (0, sum) pairs, xsT [B, G, 8]
-// for each block of 8 rows (rows past M zero); summed in order, so every batch-size variant reads
-// the same sums.
-static inline void group_sums(const float* x, int64_t M, int64_t xs, int64_t G, std::vector<float>& xs2,
-                              std::vector<float>& xsT) {
+// Per-group sums in the row kernels' two layouts (GroupOffsets reads them): xs2 [M, G, 2] =
+// (0, sum) pairs, xsT [B, G, 8] for each block of 8 rows (rows past M zero); sum(m, g) gives the
+// sum of row m over group g.
+template <typename Sum>
+static inline void lay_out_group_sums(int64_t M, int64_t G, Sum&& sum, std::vector<float>& xs2, std::vector<float>& xsT) {
   xs2.assign(static_cast<size_t>(M * G * 2), 0.f);
   xsT.assign(static_cast<size_t>((M + 7) / 8 * G * 8), 0.f);
   for (int64_t m = 0; m < M; ++m)
     for (int64_t g = 0; g < G; ++g) {
-      const float* xg = x + m * xs + g * 32;
-      float sum = 0.f;
-      for (int l = 0; l < 32; ++l) sum += xg[l];
-      xs2[(m * G + g) * 2 + 1] = sum;
-      xsT[((m / 8) * G + g) * 8 + m % 8] = sum;
+      const float v = sum(m, g);
+      xs2[(m * G + g) * 2 + 1] = v;
+      xsT[((m / 8) * G + g) * 8 + m % 8] = v;
     }
 }
 
-// Dequantizes row `row` (G groups) into dst[32 G] floats.
+// The group sums of x [M, K] for the row kernels, summed in order, so every batch-size variant
+// reads the same sums.
+static inline void group_sums(const float* x, int64_t M, int64_t xs, int64_t G, std::vector<float>& xs2,
+                              std::vector<float>& xsT) {
+  lay_out_group_sums(M, G, [&](int64_t m, int64_t g) {
+    const float* xg = x + m * xs + g * 32;
+    float sum = 0.f;
+    for (int l = 0; l < 32; ++l) sum += xg[l];
+    return sum;
+  }, xs2, xsT);
+}
+
+// Dequantizes row `row` (G groups) into dst[32 G] floats (the panel path: AVX2 and scalar builds).
 template <int64_t QT>
 static inline void dequant_row(const uint8_t* row, int64_t G, float* dst) {
   for (int64_t g = 0; g < G; ++g) {
-#if defined(HOST_QAVX512)
-    __m512 w0, w1;
-    __m128 sc;
-    group512<QT>(row, g, w0, w1, sc);
-    const __m512 d = _mm512_broadcastss_ps(sc), b = _mm512_broadcastss_ps(_mm_movehdup_ps(sc));
-    _mm512_storeu_ps(dst + g * 32, _mm512_fmadd_ps(w0, d, b));
-    _mm512_storeu_ps(dst + g * 32 + 16, _mm512_fmadd_ps(w1, d, b));
-#elif defined(HOST_QAVX2)
+#ifdef HOST_QAVX2
     __m256 w[4];
     float d0, d1;
     const __m256 b = _mm256_set1_ps(group_avx2<QT>(row, g, w, d0, d1));
@@ -800,19 +803,14 @@ static inline void row_dot_q8(const uint8_t* row, int64_t G, const int8_t* xq, c
 struct Q8Rows {
   int64_t M = 0, K = 0;
   std::vector<int8_t> q;
-  std::vector<float> d, s, s2, sT;  // s: the block sums d * sum(q); s2, sT: the same in group_sums' layouts
+  std::vector<float> d, s, s2, sT;  // s: the block sums d * sum(q); s2, sT: the same laid out (lay_out_group_sums)
   Q8Rows(const float* x, int64_t M_, int64_t xs, int64_t K_) : M(M_), K(K_) {
     const int64_t G = K / 32;
     q.resize(static_cast<size_t>(M * K));
     d.resize(static_cast<size_t>(M * G));
     s.resize(d.size());
     quantize_q8_rows(x, M, xs, K, q.data(), d.data(), s.data());
-    if (M <= SMALL_M) {
-      s2.assign(static_cast<size_t>(M * G * 2), 0.f);
-      sT.assign(static_cast<size_t>(G * 8), 0.f);
-      for (int64_t m = 0; m < M; ++m)
-        for (int64_t g = 0; g < G; ++g) s2[(m * G + g) * 2 + 1] = sT[g * 8 + m] = s[m * G + g];
-    }
+    if (M <= SMALL_M) lay_out_group_sums(M, G, [&](int64_t m, int64_t g) { return s[m * G + g]; }, s2, sT);
   }
 };
 
