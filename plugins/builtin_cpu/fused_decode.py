@@ -4,13 +4,14 @@ A decode step of a small batch spends as long in Python — dispatching about te
 layer — as in streaming the weights. :class:`FusedDecode` hands the whole decoder stack to the
 compiled ``llama_decode_step`` kernel instead (the CPU counterpart of replaying a captured CUDA
 graph): the same kernels the layer-by-layer path uses, in the same order, so the results are
-the same. It takes a step only when every request has exactly one new token, the batch is at
-most ``max_rows`` tokens, the model is float32, every linear layer either has the plain weight
-copy of the small-batch linear kernel or is a quantized layer the compiled kernels read (GGUF
-blocks: ``scheme == "gguf"`` with ``qweights``/``qtypes`` per shard; int8 rows: ``scheme ==
-"int8"`` with ``qweight``/``scales``; a GGUF layer with ``quantized_activations == "q8"`` runs the
-Q8-activation kernel), and the attention metadata is the torch paged algorithm's (``cpu_paged`` or
-``torch_paged``); any other step (prefill, mixed batches, bigger batches) runs layer by layer.
+the same. It takes a step of at most ``max_rows`` tokens of causal attention (single-token
+decodes, a speculative verify step's few tokens per request, a short prompt) when the model is
+float32, every linear layer either has the plain weight copy of the small-batch linear kernel or
+is a quantized layer the compiled kernels read (GGUF blocks: ``scheme == "gguf"`` with
+``qweights``/``qtypes`` per shard; int8 rows: ``scheme == "int8"`` with ``qweight``/``scales``; a
+GGUF layer with ``quantized_activations == "q8"`` runs the Q8-activation kernel), and the
+attention metadata is the torch paged algorithm's (``cpu_paged`` or ``torch_paged``); any other
+step (longer prefills, bigger batches, encoders) runs layer by layer.
 """
 
 from __future__ import annotations
@@ -151,10 +152,8 @@ class FusedDecode:
         n = input_ids.shape[0]
         if (
             not isinstance(md, TorchPagedAttentionMetadata)
-            or md.max_query_len != 1
             or not md.causal
             or md.num_actual_tokens != n
-            or md.num_reqs != n
             or n == 0
             or n > self.max_rows
             or md.write_token_index is not None
@@ -162,8 +161,11 @@ class FusedDecode:
             or any(cache.dtype != torch.float32 for cache in ctx.kv_caches[:1])
         ):
             return None
-        tables = md.block_table[:n].to(torch.int32).contiguous()
-        seq_lens = md.seq_lens[:n].to(torch.int32).contiguous()
+        if md.num_reqs == n:  # one new token per request: a row per request
+            tables = md.block_table[:n].to(torch.int32).contiguous()
+            seq_lens = md.seq_lens[:n].to(torch.int32).contiguous()
+        else:
+            tables, seq_lens = _rows_per_token(md, n)
         return self.kernels.llama_decode_step(
             self._plan_for(ctx.kv_caches),
             hidden.contiguous(),
@@ -187,6 +189,20 @@ class FusedDecode:
             self._plan = (plan, key)
             self._release = weakref.finalize(self, self.kernels.llama_decode_release, plan)
         return self._plan[0]
+
+
+def _rows_per_token(md: TorchPagedAttentionMetadata, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """int32 block-table rows and sequence lengths with one row per batch token: a request with
+    several new tokens (a speculative verify step, a short prompt) gives each its request's block
+    table and the length up to and including itself. The kernel writes every row's K/V before it
+    attends, so each row sees exactly the causal prefix it would see layer by layer."""
+    reqs = md.num_reqs
+    qsl = md.query_start_loc[: reqs + 1]
+    req_of_token = torch.repeat_interleave(torch.arange(reqs, dtype=torch.int64), qsl[1:] - qsl[:-1])
+    offset = torch.arange(n, dtype=torch.int64) - qsl[:-1][req_of_token]
+    seq_lens = (md.context_lens[:reqs][req_of_token] + offset + 1).to(torch.int32)
+    tables = md.block_table[:reqs].index_select(0, req_of_token.to(md.block_table.device)).to(torch.int32).contiguous()
+    return tables, seq_lens
 
 
 def attach_fused_decode(model: nn.Module, kernels: Any, max_rows: int) -> bool:

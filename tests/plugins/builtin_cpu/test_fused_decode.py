@@ -52,6 +52,27 @@ def test_fused_decode_matches_layer_by_layer_and_transformers(tiny_checkpoint, a
         assert out.outputs[0].token_ids == hf_greedy(hf, prompt, 10)
 
 
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_steps_of_several_tokens_per_request_take_the_fused_path(tiny_checkpoint, arch):
+    """A speculative verify step (the request's last token and its drafts) and a short prompt run
+    as one row per token, each attending its causal prefix (the sliding window included)."""
+    path, hf = _checkpoint(tiny_checkpoint, arch)
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 3}
+    llm = LLM(path, skip_tokenizer_init=True, max_model_len=128, block_size=4, speculative_config=spec)
+    decoder = llm.engine.executor.worker.model_runner.model.model
+    compared = check_fused_decode(decoder, decoder.decode_kernel, tol=1e-4)
+    greedy = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    short = [9, 41, 77, 120, 5]
+    out = llm.generate([{"prompt_token_ids": short}], greedy)[0]
+    assert compared[0] == len(short), "a 5-token prompt is one fused step of 5 rows"
+    assert out.outputs[0].token_ids == hf_greedy(hf, short, 12)
+    compared.clear()
+    repetitive = [5, 6, 7, 8] * 3  # every 2-gram recurs: the n-gram proposer drafts from the start
+    out = llm.generate([{"prompt_token_ids": repetitive}], greedy)[0]
+    assert compared and max(compared) > 1, "verify steps (1 + drafts tokens of one request) ran fused"
+    assert out.outputs[0].token_ids == hf_greedy(hf, repetitive, 12)
+
+
 def test_fused_decode_declines_batches_it_does_not_take(tiny_checkpoint):
     path, _ = _checkpoint(tiny_checkpoint, "llama")
     llm = LLM(path, skip_tokenizer_init=True, max_model_len=128, max_num_seqs=16)
