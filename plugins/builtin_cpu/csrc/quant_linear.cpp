@@ -13,10 +13,10 @@
 //              scales (one per 16 values), fp16 d; v = d * sc * (q - 32)
 // In both nibble formats of 32 values, byte j holds value j (low nibble) and value j + 16 (high).
 //
-// Every format is read in groups of 32 values: `group` turns group g of a row into 32 floats
-// w (already multiplied by the group's scale) and an offset b with value = w + b, so a dot
-// product is sum(w * x) + b * sum(x over the group); the per-group sums of x are computed once
-// per call. Up to SMALL_M rows of x are handled by streaming each weight row once (the group is
+// Every format is read in groups of 32 values. The AVX2 and scalar kernels turn group g of a row
+// into 32 floats w (already multiplied by the group's scale) and an offset b with value = w + b,
+// so a dot product is sum(w * x) + b * sum(x over the group), the per-group sums of x computed
+// once per call; the AVX-512 kernels decode the group's values themselves (group512). Up to SMALL_M rows of x are handled by streaming each weight row once (the group is
 // dequantized once and used for every row of x); more rows run in blocks of SMALL_M over tiles
 // of weight rows (AVX-512 builds) or dequantize a panel of weight rows into float32 (it stays in
 // L2) and multiply it with at::mm (see ROWS_MAX_M).
@@ -303,34 +303,35 @@ struct GroupOffsets {
 #endif
 
 #ifdef HOST_QAVX512
-// ---- AVX-512 group decoders: group g of a row -> its 32 levels as floats (w0: values 0-15,
-// w1: values 16-31) and sc = [scale, offset, 0, 0]: value = level * scale + offset. Q6_K and
-// INT8 return levels already multiplied by their scale (Q6_K has one per 16 values), with
-// sc = [1, 0, 0, 0]. The nibble formats look their levels up in a 16-entry table (vpermps reads
-// the low 4 bits of each lane), which saves the mask and the int -> float conversion. ----
+// ---- AVX-512 group decoders: group g of a row -> its 32 weight values as floats, scale and
+// offset applied (w0: values 0-15, w1: values 16-31), so a row of x needs only two fmas per
+// group whatever the format. The nibble formats look their values up in a 16-entry table,
+// level * scale + offset built once per group (vpermps reads the low 4 bits of each lane): one
+// fma for the table instead of a scale multiply per row of x and an offset term beside it. ----
 template <int64_t QT>
-constexpr bool prescaled512() { return QT == Q6_K || QT == INT8; }
-template <int64_t QT>
-constexpr bool offset512() { return QT == Q4_1 || QT == Q4_K; }  // Q4_0's -8 is in its table
-
-template <int64_t QT>
-__attribute__((always_inline)) static inline void group512(const uint8_t* row, int64_t g, __m512& w0, __m512& w1, __m128& sc) {
+__attribute__((always_inline)) static inline void group512(const uint8_t* row, int64_t g, __m512& w0, __m512& w1) {
+  const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   if constexpr (QT == Q4_0 || QT == Q4_1) {
     const uint8_t* b = row + g * (QT == Q4_0 ? 18 : 20);
-    const __m512 table = QT == Q4_0 ? _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7)
-                                    : _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    int32_t h = 0;
+    std::memcpy(&h, b, QT == Q4_0 ? 2 : 4);  // d (and m): two halves -> lanes 0 and 1
+    const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(h));
+    const __m512 d = _mm512_broadcastss_ps(dm);
+    // Q4_0: (q - 8) * d; Q4_1: q * d + m
+    const __m512 table = QT == Q4_0 ? _mm512_mul_ps(_mm512_sub_ps(iota, _mm512_set1_ps(8.f)), d)
+                                    : _mm512_fmadd_ps(iota, d, _mm512_broadcastss_ps(_mm_movehdup_ps(dm)));
     const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + (QT == Q4_0 ? 2 : 4))));
     w0 = _mm512_permutexvar_ps(q, table);                         // low nibbles: values 0..15
     w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table);   // high nibbles: values 16..31
-    int32_t h = 0;
-    std::memcpy(&h, b, QT == Q4_0 ? 2 : 4);  // d (and m): two halves -> lanes 0 and 1
-    sc = _mm_cvtph_ps(_mm_cvtsi32_si128(h));
-  } else if constexpr (QT == Q8_0 || QT == INT8) {
+  } else if constexpr (QT == Q8_0 || QT == INT8) {  // INT8: its per-row scale is applied to the dot product
     const uint8_t* q = QT == Q8_0 ? row + g * 34 + 2 : row + g * 32;
     w0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q))));
     w1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16))));
-    sc = QT == Q8_0 ? _mm_cvtph_ps(_mm_cvtsi32_si128(*reinterpret_cast<const uint16_t*>(row + g * 34)))
-                    : _mm_setr_ps(1.f, 0.f, 0.f, 0.f);
+    if constexpr (QT == Q8_0) {
+      const __m512 d = _mm512_set1_ps(f16(row + g * 34));
+      w0 = _mm512_mul_ps(w0, d);
+      w1 = _mm512_mul_ps(w1, d);
+    }
   } else if constexpr (QT == Q4_K) {
     const uint8_t* b = row + (g / 8) * 144;
     const int j = static_cast<int>(g % 8);
@@ -341,12 +342,12 @@ __attribute__((always_inline)) static inline void group512(const uint8_t* row, i
       q0 = _mm512_srli_epi32(q0, 4);
       q1 = _mm512_srli_epi32(q1, 4);
     }
-    const __m512 table = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    w0 = _mm512_permutexvar_ps(q0, table);
-    w1 = _mm512_permutexvar_ps(q1, table);
     int s6, m6;
     k4_scale_min(b + 4, j, s6, m6);
-    sc = _mm_setr_ps(f16(b) * static_cast<float>(s6), -f16(b + 2) * static_cast<float>(m6), 0.f, 0.f);
+    const __m512 table = _mm512_fmadd_ps(iota, _mm512_set1_ps(f16(b) * static_cast<float>(s6)),
+                                         _mm512_set1_ps(-f16(b + 2) * static_cast<float>(m6)));
+    w0 = _mm512_permutexvar_ps(q0, table);
+    w1 = _mm512_permutexvar_ps(q1, table);
   } else {  // Q6_K: the 32 signed levels, each half times its scale
     const __m256i q = q6k_levels(row, g);
     const uint8_t* b = row + (g / 8) * 210;
@@ -355,32 +356,30 @@ __attribute__((always_inline)) static inline void group512(const uint8_t* row, i
     const float d = f16(b + 208);
     w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))), _mm512_set1_ps(d * static_cast<float>(scales[0])));
     w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))), _mm512_set1_ps(d * static_cast<float>(scales[1])));
-    sc = _mm_setr_ps(1.f, 0.f, 0.f, 0.f);
   }
 }
 
-// Row n of the weight (G groups of 32) dotted with MT rows of x, AVX-512: per group and row,
-// s = w0 . x[0:16] + w1 . x[16:32] (16 lanes), acc += s * scale, and the offset term
-// offset * sum(x over the group) accumulated beside it; two accumulators per row (even and odd
-// groups), so every row of x gets the same arithmetic whatever MT is (the result is the same to
-// the bit). The offsets accumulate in GroupOffsets (xs2, xsT: the group sums of x, group_sums).
-template <int64_t QT, int MT>
-__attribute__((always_inline)) static inline void row_dot512(const uint8_t* row, int64_t G, const float* x, int64_t xs, const float* xs2,
-                              const float* xsT, float* out) {
-  __m512 acc[MT][2];
-  for (int m = 0; m < MT; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
-  GroupOffsets<MT> off;
+// NT consecutive weight rows (G groups of 32, row_bytes apart) dotted with MT rows of x,
+// AVX-512: per group, weight row j and row m of x, acc += w0 * x[0:16], acc += w1 * x[16:32]
+// (16 lanes), each group's values decoded once for all MT rows and each load of x used for all
+// NT weight rows; two accumulators per (j, m) pair (even and odd groups), so every pair gets the
+// same arithmetic whatever MT and NT are (the result is the same to the bit) and a single pair
+// runs two independent fma chains. out[8 j + m] receives the dot product of weight row j with
+// row m of x.
+template <int64_t QT, int MT, int NT>
+__attribute__((always_inline)) static inline void row_dot512(const uint8_t* row, int64_t row_bytes, int64_t G, const float* x,
+                                                             int64_t xs, float* out) {
+  __m512 acc[NT][MT][2];
+  for (int j = 0; j < NT; ++j)
+    for (int m = 0; m < MT; ++m) acc[j][m][0] = acc[j][m][1] = _mm512_setzero_ps();
   auto step = [&](int64_t g, int a) __attribute__((always_inline)) {
-    __m512 w0, w1;
-    __m128 sc;
-    group512<QT>(row, g, w0, w1, sc);
-    const __m512 d = _mm512_broadcastss_ps(sc);
+    __m512 w0[NT], w1[NT];
+    for (int j = 0; j < NT; ++j) group512<QT>(row + j * row_bytes, g, w0[j], w1[j]);
     for (int m = 0; m < MT; ++m) {
       const float* xg = x + m * xs + g * 32;
-      const __m512 s = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xg + 16), _mm512_mul_ps(w0, _mm512_loadu_ps(xg)));
-      acc[m][a] = prescaled512<QT>() ? _mm512_add_ps(acc[m][a], s) : _mm512_fmadd_ps(s, d, acc[m][a]);
+      const __m512 x0 = _mm512_loadu_ps(xg), x1 = _mm512_loadu_ps(xg + 16);
+      for (int j = 0; j < NT; ++j) acc[j][m][a] = _mm512_fmadd_ps(w1[j], x1, _mm512_fmadd_ps(w0[j], x0, acc[j][m][a]));
     }
-    if constexpr (offset512<QT>()) off.add(sc, xs2, xsT, g, a);
   };
   int64_t g = 0;
   for (; g + 2 <= G; g += 2) {
@@ -388,9 +387,8 @@ __attribute__((always_inline)) static inline void row_dot512(const uint8_t* row,
     step(g + 1, 1);
   }
   if (g < G) step(g, 0);
-  float offs[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  if constexpr (offset512<QT>()) off.totals(offs);
-  for (int m = 0; m < MT; ++m) out[m] = _mm512_reduce_add_ps(_mm512_add_ps(acc[m][0], acc[m][1])) + offs[m];
+  for (int j = 0; j < NT; ++j)
+    for (int m = 0; m < MT; ++m) out[8 * j + m] = _mm512_reduce_add_ps(_mm512_add_ps(acc[j][m][0], acc[j][m][1]));
 }
 
 #endif
@@ -533,34 +531,50 @@ static void gemm_into(const float* x, int64_t M, int64_t xs, int64_t K, const ui
     // L1 / L2 (one block: the whole range streams once); every row of x gets the arithmetic of
     // the 1-row kernel
     const int64_t blocks = (M + SMALL_M - 1) / SMALL_M, TR = blocks == 1 ? N : ROWS_TILE;
-    std::vector<float> xs2, xsT;
+#ifndef HOST_QAVX512
+    std::vector<float> xs2, xsT;  // the group sums of x, for the offset terms of the AVX2 / scalar kernels
     if (has_offset<QT>()) group_sums(x, M, xs, G, xs2, xsT);
+#endif
     at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
-      float out[8];
+      float out[16];
       for (int64_t n0 = begin; n0 < end; n0 += TR) {
         const int64_t n1 = std::min(end, n0 + TR);
         for (int64_t b = 0; b < blocks; ++b) {
           const int64_t m0 = b * SMALL_M, mb = std::min<int64_t>(SMALL_M, M - m0);
           const float* xb = x + m0 * xs;
+#ifndef HOST_QAVX512
           const float* s2 = has_offset<QT>() ? xs2.data() + m0 * G * 2 : nullptr;
           const float* sT = has_offset<QT>() ? xsT.data() + b * G * 8 : nullptr;
-          for (int64_t n = n0; n < n1; ++n) {
+#endif
+          for (int64_t n = n0, nt = 1; n < n1; n += nt) {
             const uint8_t* row = w + n * row_bytes;
+#ifdef HOST_QAVX512
+            // two weight rows at a time while their 2 x 2 MT accumulators fit the 32 registers
+            nt = mb <= 5 && n + 1 < n1 ? 2 : 1;
+#endif
 #ifdef HOST_QAVX2
-            // the row PREFETCH_ROWS ahead into L2 while this one computes (the hardware
+            // the nt rows PREFETCH_ROWS ahead into L2 while these compute (the hardware
             // prefetcher alone leaves the whole-model weight stream at about half the kernel's
             // cached speed); later blocks find the tile in cache
             if (b == 0 && n + PREFETCH_ROWS < end) {
               const char* ahead = reinterpret_cast<const char*>(row + PREFETCH_ROWS * row_bytes);
-              for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T1);
+              const int64_t bytes = std::min(nt, end - n - PREFETCH_ROWS) * row_bytes;
+              for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T1);
             }
 #endif
 #ifdef HOST_QAVX512
-            with_rows(mb, [&](auto mt) { row_dot512<QT, decltype(mt)::value>(row, G, xb, xs, s2, sT, out); });
+            if (nt == 2) {
+              with_rows(mb, [&](auto mt) {
+                if constexpr (decltype(mt)::value <= 5) row_dot512<QT, decltype(mt)::value, 2>(row, row_bytes, G, xb, xs, out);
+              });
+            } else {
+              with_rows(mb, [&](auto mt) { row_dot512<QT, decltype(mt)::value, 1>(row, row_bytes, G, xb, xs, out); });
+            }
 #else
             with_rows(mb, [&](auto mt) { row_dot<QT, decltype(mt)::value>(row, G, xb, xs, s2, sT, out); });
 #endif
-            for (int64_t m = 0; m < mb; ++m) finish(m0 + m, n, out[m]);
+            for (int64_t j = 0; j < nt; ++j)
+              for (int64_t m = 0; m < mb; ++m) finish(m0 + m, n + j, out[8 * j + m]);
           }
         }
       }
