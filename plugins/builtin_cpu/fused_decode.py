@@ -10,7 +10,8 @@ float32, every linear layer either has the plain weight copy of the small-batch 
 is a quantized layer the compiled kernels read (GGUF blocks: ``scheme == "gguf"`` with
 ``qweights``/``qtypes`` per shard; int8 rows: ``scheme == "int8"`` with ``qweight``/``scales``; a
 GGUF layer with ``quantized_activations == "q8"`` runs the Q8-activation kernel), and the
-attention metadata is the torch paged algorithm's (``cpu_paged`` or ``torch_paged``); any other
+attention backend is ``cpu_paged`` or ``torch_paged`` themselves (the kernel computes their
+algorithm; a plugin's backend, even a subclass of theirs, runs its own code layer by layer); any other
 step (longer prefills, bigger batches, encoders) runs layer by layer.
 """
 
@@ -23,6 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from host.plugins.builtin_cpu.attention import CpuPagedAttentionImpl
+from host.plugins.torch_paged.attention import TorchPagedAttentionImpl
 from host.plugins.torch_paged.metadata import TorchPagedAttentionMetadata
 from host.sdk.forward_context import get_forward_context
 from host.sdk.gguf_formats import NAMES
@@ -36,6 +39,8 @@ _EMPTY = torch.empty(0)
 _FLOAT32, _INT8, _GGUF, _GGUF_Q8 = 0, 1, 2, 3
 # the GGUF block types the compiled kernel reads: every format kept quantized (int(gguf.GGMLQuantizationType) -> name)
 GGUF_QTYPES = NAMES
+# the attention implementations whose algorithm the compiled step reproduces
+_OWN_IMPLS = (CpuPagedAttentionImpl, TorchPagedAttentionImpl)
 
 
 def _weight(linear: nn.Module) -> torch.Tensor | None:
@@ -144,6 +149,8 @@ class FusedDecode:
                     return "the small-batch linear kernel is off"
             if attn.attn.impl is None:
                 return "no attention backend"
+            if type(attn.attn.impl) not in _OWN_IMPLS:
+                return f"the attention backend's {type(attn.attn.impl).__qualname__} runs its own code"
         return None
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor | None:
