@@ -1,27 +1,34 @@
 """Speculative decoding (ngram prompt lookup) on the default model (SmolLM2-135M-Instruct,
-its GGUF file), batch 1, 128 new tokens, against the same engine without speculation, in the
-same run:
+its GGUF file), batch 1, greedy answers of up to 256 tokens ending at EOS (as users see them),
+against the same engine without speculation, in the same run:
 
-- **repetitive** (greedy): chat prompts that ask the model to repeat / quote their input (code,
+- **repetitive**: chat prompts that ask the model to repeat / quote their input (code,
   a list, a paragraph, SQL), so the answer copies tokens the prompt holds and ngram's drafts
   are accepted; target: 1.8x the plain decode tok/s. The greedy tokens of both engines must be
   equal (they are compared);
-- **lists** (greedy): chat prompts whose answers are lists of distinct items (animals,
+- **lists**: chat prompts whose answers are lists of distinct items (animals,
   countries, numbers in words): ngram finds the list's separators earlier and proposes the
   previous item; part of it repeats (measured: about half the drafts accepted);
-- **low acceptance** (greedy): free prose (stories, essays), where the few n-grams that recur
-  are rarely followed by the same words: the auto-off must keep the slowdown <= 5 %.
+- **low acceptance**: free prose (stories, essays), where the few n-grams that recur
+  are rarely followed by the same words (a small model's prose does loop, though);
+- **random**: prompts of random token ids (ids >= 100: no special tokens; as vLLM's random
+  dataset), 256 tokens each past EOS, sampled (temperature 1, a seed per prompt): greedy
+  decoding of noise loops (every draft accepted), sampling it does not, so few drafts are right
+  and the auto-off must keep the slowdown <= 5 %. Sampled tokens are not compared (the
+  rejection sampler keeps the distribution, not the draws).
 
-The last two also run with the auto-off disabled (``auto_off_threshold: 0``), to show what it
+The last three also run with the auto-off disabled (``auto_off_threshold: 0``), to show what it
 costs or saves.
 
 Each prompt runs on every engine, rotating which goes first, after a warm-up request per
-engine; tok/s is the generated tokens over the wall time of the requests (prefill included,
-the same for all). The JSON records the figures, the ratios, the acceptance (drafted /
-accepted tokens, mean accepted length) and the machine's load average before and after (a
-shared machine's figures are noisy: rerun it quiet).
+engine. The headline is the decode speed, as llama.cpp's ``tg`` and vLLM's TPOT count it: the
+generated tokens after the first over the request's wall time less its prefill (the same prompt
+run with ``max_tokens=1`` just before, the prefix cache reset in between); the end-to-end ratio
+(prefill included, the same for every engine) is kept beside it. The JSON records the figures,
+the ratios, the acceptance (drafted / accepted tokens, mean accepted length) and the machine's
+load average before and after (a shared machine's figures are noisy: rerun it quiet).
 
-    .venv/bin/python bench/spec_decode.py            # ~3 min on 2 quiet cores
+    .venv/bin/python bench/spec_decode.py            # ~4 min on 2 quiet cores
     .venv/bin/python bench/spec_decode.py --quick    # 2 prompts per workload, 32 tokens
 
 Results: bench/results/spec_decode.json (``--quick``: spec_decode_quick.json).
@@ -33,6 +40,7 @@ import argparse
 import json
 import os
 import platform as pyplatform
+import random
 import time
 from pathlib import Path
 
@@ -91,13 +99,22 @@ LISTS = [
     "Write 25 different fruit names, numbered, one per line.",
     "List 30 famous scientists and what each one discovered, one per line.",
 ]
+RANDOM_PROMPT_LEN = 128
 SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
 
 
-def run_one(llm, prompt: dict, params) -> tuple[list[int], float]:
+def run_one(llm, prompt: dict, params) -> tuple[list[int], float, float]:
+    """The request's tokens, its wall time and its prefill time (the same prompt with
+    ``max_tokens=1`` just before, the prefix cache reset after it, so the full run prefills too)."""
+    from host import SamplingParams
+
+    t0 = time.perf_counter()
+    llm.generate([prompt], SamplingParams(max_tokens=1, temperature=0.0))
+    prefill = time.perf_counter() - t0
+    llm.engine.scheduler.reset_prefix_cache()
     t0 = time.perf_counter()
     out = llm.generate([prompt], params)[0].outputs[0]
-    return out.token_ids, time.perf_counter() - t0
+    return out.token_ids, time.perf_counter() - t0, prefill
 
 
 def chat_prompt(llm, text: str) -> dict:
@@ -117,28 +134,34 @@ def _acceptance(before: dict, after: dict) -> dict:
     }
 
 
-def workload(engines: dict, prompts: list[dict], params_of) -> dict:
-    """Every prompt on every engine (rotating the order); ``params_of(i)``: prompt i's params."""
+def workload(engines: dict, prompts: list[dict], params_of, compare: bool = True) -> dict:
+    """Every prompt on every engine (rotating the order); ``params_of(i)``: prompt i's params;
+    ``compare``: whether the engines' tokens must be equal (greedy)."""
     names = list(engines)
     before = {n: e.engine.scheduler.spec_decode.totals() for n, e in engines.items() if e.engine.scheduler.spec_decode}
     seconds = {n: 0.0 for n in names}
+    prefill = {n: 0.0 for n in names}
     tokens = {n: 0 for n in names}
     outputs: dict[str, list] = {n: [] for n in names}
     for i, p in enumerate(prompts):
         order = names[i % len(names):] + names[: i % len(names)]
         for n in order:
-            ids, dt = run_one(engines[n], p, params_of(i))
+            ids, dt, pf = run_one(engines[n], p, params_of(i))
             seconds[n] += dt
+            prefill[n] += min(pf, dt)
             tokens[n] += len(ids)
             outputs[n].append(ids)
     out: dict = {"num_prompts": len(prompts)}
     for n in names:
-        out[n] = {"tok_s": tokens[n] / seconds[n], "seconds": seconds[n], "tokens": tokens[n]}
+        decode_s = seconds[n] - prefill[n]
+        out[n] = {"decode_tok_s": (tokens[n] - len(prompts)) / decode_s, "tok_s": tokens[n] / seconds[n],
+                  "seconds": seconds[n], "prefill_seconds": prefill[n], "tokens": tokens[n]}
         if n in before:
             out[n].update(_acceptance(before[n], engines[n].engine.scheduler.spec_decode.totals()))
         if n != "base":
-            out[n]["speed_vs_base"] = out[n]["tok_s"] / out["base"]["tok_s"]
-            out[n]["equal_tokens_to_base"] = outputs[n] == outputs["base"]
+            out[n]["speed_vs_base"] = out[n]["decode_tok_s"] / out["base"]["decode_tok_s"]
+            out[n]["end_to_end_vs_base"] = out[n]["tok_s"] / out["base"]["tok_s"]
+            out[n]["equal_tokens_to_base"] = outputs[n] == outputs["base"] if compare else None
     return out
 
 
@@ -147,9 +170,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--max-tokens", type=int, default=None)
     ap.add_argument("--num-prompts", type=int, default=None, help="prompts per workload (default 6; --quick 2)")
-    ap.add_argument("--workloads", default="repetitive,lists,low_acceptance", help="which workloads, comma-separated")
+    ap.add_argument("--workloads", default="repetitive,lists,low_acceptance,random", help="which workloads, comma-separated")
     args = ap.parse_args()
-    max_tokens = args.max_tokens or (32 if args.quick else 128)
+    max_tokens = args.max_tokens or (32 if args.quick else 256)
     load_before = os.getloadavg()
 
     from host import LLM, SamplingParams
@@ -161,11 +184,14 @@ def main() -> None:
     n = args.num_prompts or (2 if args.quick else 6)
     prompts = {name: [chat_prompt(base, t) for t in texts[:n]]
                for name, texts in (("repetitive", REPETITIVE), ("lists", LISTS), ("low_acceptance", PROSE))}
+    vocab = base.get_tokenizer().vocab_size
+    rng = random.Random(0)
+    prompts["random"] = [{"prompt_token_ids": [rng.randrange(100, vocab) for _ in range(RANDOM_PROMPT_LEN)]} for _ in range(n)]
     chosen = [w for w in args.workloads.split(",") if w]
     unknown = sorted(set(chosen) - set(prompts))
     if unknown:
         raise SystemExit(f"unknown workloads {unknown}; choose from {', '.join(prompts)}")
-    greedy = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    greedy = SamplingParams(max_tokens=max_tokens, temperature=0.0)  # answers end at EOS, as users see them
     for llm in (base, spec, always):  # warm-up
         run_one(llm, prompts["repetitive"][0], SamplingParams(max_tokens=8, temperature=0.0))
     result = {
@@ -181,7 +207,9 @@ def main() -> None:
     }
     for name in chosen:
         engines = {"base": base, "ngram": spec} if name == "repetitive" else {"base": base, "ngram": spec, "ngram_no_auto_off": always}
-        result[name] = workload(engines, prompts[name], lambda i: greedy)
+        params_of = (lambda i: SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=i, ignore_eos=True)) \
+            if name == "random" else (lambda i: greedy)
+        result[name] = workload(engines, prompts[name], params_of, compare=name != "random")
     result["load_average_before"] = list(load_before)
     result["load_average_after"] = list(os.getloadavg())
     RESULTS.mkdir(exist_ok=True)
@@ -189,14 +217,15 @@ def main() -> None:
     path.write_text(json.dumps(result, indent=2))
     for name in chosen:
         w = result[name]
-        line = f"{name:15s} plain {w['base']['tok_s']:6.1f} tok/s"
+        line = f"{name:15s} plain {w['base']['decode_tok_s']:6.1f} tok/s"
         for n in [k for k in w if k not in ("base", "num_prompts")]:
             e = w[n]
-            line += (f"; {n} {e['tok_s']:6.1f} tok/s ({e['speed_vs_base']:.2f}x, acceptance "
+            line += (f"; {n} {e['decode_tok_s']:6.1f} tok/s ({e['speed_vs_base']:.2f}x; end to end "
+                     f"{e['end_to_end_vs_base']:.2f}x; acceptance "
                      f"{100 * e['acceptance_rate']:.0f}% of {e['draft_tokens']}, mean accepted length {e['mean_accepted_length']:.2f})")
         print(line)
     equal = [result[w][n]["equal_tokens_to_base"] for w in chosen
-             for n in result[w] if n not in ("base", "num_prompts")]
+             for n in result[w] if n not in ("base", "num_prompts") and result[w][n]["equal_tokens_to_base"] is not None]
     print(f"greedy tokens equal to the plain engine's: {all(equal)}")
     print(f"load average before {load_before}, after {result['load_average_after']}; saved {path}")
 

@@ -26,20 +26,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("host.spec_decode")
 
-AUTO_OFF_THRESHOLD = 0.2  # the default auto_off_threshold on accelerators
-CPU_AUTO_OFF_THRESHOLD = 0.3  # ... and on the CPU
-
 
 def check_speculative_support(config: "EngineConfig", async_explicit: bool) -> None:
     """Refuse, at start-up, what speculation does not run with; turn off the asynchronous
-    scheduling a GPU platform would default to (the drafts of step N+1 need step N's tokens);
-    resolve the auto-off threshold: 0.3 on the CPU, where a (1 + k)-token verification step
-    costs about two one-token decode steps (the fused decode kernel, bench/spec_decode.py), so
-    drafting pays from about a third of the drafts accepted; 0.2 on accelerators, where it costs
-    little more than one."""
-    spec = config.speculative
-    if spec.auto_off_threshold is None:
-        spec.auto_off_threshold = CPU_AUTO_OFF_THRESHOLD if config.device == "cpu" else AUTO_OFF_THRESHOLD
+    scheduling a GPU platform would default to (the drafts of step N+1 need step N's tokens)."""
     if config.parallel.pipeline_parallel_size > 1:
         raise ValueError(
             f"--speculative-config does not run with -pp {config.parallel.pipeline_parallel_size} (pipeline "
@@ -129,8 +119,6 @@ class SpecDecodeScheduling:
             return
         self.stats.observe(num_drafted, num_accepted)
         threshold = self.spec.auto_off_threshold
-        if threshold is None:  # a config built without EngineArgs
-            threshold = AUTO_OFF_THRESHOLD
         if threshold <= 0:
             return
         auto = self._auto.setdefault(req_id, _AutoOff())

@@ -12,7 +12,6 @@ by the rejected count.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import time
@@ -93,7 +92,7 @@ class SpecDecodeStep:
             for index, d in bumped:
                 batch.num_tokens[index] -= d
         req_ids, num_scheduled, rows = inputs.req_ids, inputs.num_scheduled, inputs.rows
-        hidden = r._run_forward(self._as_decode_rows(inputs, scheduled_drafts))
+        hidden = r._run_forward(inputs)
         drafts = [list(scheduled_drafts.get(req_id, ())) for req_id in req_ids]
         d = np.array([len(x) for x in drafts], dtype=np.int64)
         counts = d + 1
@@ -129,40 +128,6 @@ class SpecDecodeStep:
             logprobs=result.logprobs if any(x is not None for x in result.logprobs) else None,
             prompt_logprobs=prompt_logprobs,
             spec_token_ids=spec_token_ids,
-        )
-
-    def _as_decode_rows(self, inputs: Any, scheduled_drafts: dict[str, list[int]]) -> Any:
-        """The step's inputs with each token of a drafted decode as its own one-token row.
-
-        A request verifying ``d`` drafts runs ``1 + d`` tokens at positions ``p .. p + d``; as
-        rows, token ``j`` is a one-token "request" over the same block table with sequence length
-        ``p + j + 1``. Every layer writes the step's K/V before it attends, so row ``j`` sees the
-        tokens before it and no later one: the same causal attention, the same hidden states in
-        the same token order. What it buys: the step is a decode batch, which a platform's
-        whole-stack decode kernel (``DecoderModel.decode_kernel``, the CPU's fused decode) runs
-        in one call instead of layer by layer. Only for steps of decodes (no prefill chunk) that
-        fit that kernel's ``max_rows``; any other step keeps its layout."""
-        r = self.runner
-        kernel = getattr(getattr(r.model, "model", None), "decode_kernel", None)
-        total = len(inputs.input_ids)
-        counts = inputs.num_scheduled
-        if (
-            kernel is None or not scheduled_drafts or total > int(getattr(kernel, "max_rows", 0))
-            or inputs.placeholders is not None
-            or any(int(n) != 1 + len(scheduled_drafts.get(req_id, ())) for req_id, n in zip(inputs.req_ids, counts))
-        ):
-            return inputs
-        owner = np.repeat(np.arange(len(counts)), counts)
-        within = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
-        seq_lens = (np.repeat(inputs.seq_lens.astype(np.int64) - counts, counts) + within + 1).astype(np.int32)
-        return dataclasses.replace(
-            inputs,
-            req_ids=[inputs.req_ids[i] for i in owner],
-            rows=inputs.rows[owner],
-            num_scheduled=np.ones(total, dtype=np.int64),
-            query_start_loc=np.arange(total + 1, dtype=np.int32),
-            seq_lens=seq_lens,
-            block_table=np.ascontiguousarray(inputs.block_table[owner]),
         )
 
     @staticmethod
