@@ -77,20 +77,23 @@ def stop_server(proc: subprocess.Popen) -> None:
 
 
 async def serve_all(url: str, texts: list[str], concurrency: int) -> tuple[float, list[list[float]]]:
-    import httpx
+    """Post every text as its own request, ``concurrency`` at a time; the vectors in input order.
+    The client is aiohttp: it shares this machine's cores with the server, and httpx spent
+    about 5.5 ms of CPU per request here (a sixth of both cores' time), aiohttp a fraction."""
+    import aiohttp
 
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     out: list[list[float] | None] = [None] * len(texts)
     next_index = 0
-    async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as session:
         async def worker() -> None:
             nonlocal next_index
             while next_index < len(texts):
                 i = next_index
                 next_index += 1
-                r = await client.post(f"{url}/v1/embeddings", json={"input": texts[i], "encoding_format": "float"})
-                r.raise_for_status()
-                out[i] = r.json()["data"][0]["embedding"]
+                async with session.post(f"{url}/v1/embeddings", json={"input": texts[i], "encoding_format": "float"}) as r:
+                    r.raise_for_status()
+                    out[i] = (await r.json())["data"][0]["embedding"]
 
         start = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
