@@ -16,11 +16,11 @@ def __getattr__(name: str) -> Any:
 
         return LLM
     if name == "LoRARequest":
-        from host.core.lora.request import LoRARequest
+        from host.contracts.lora_request import LoRARequest
 
         return LoRARequest
     if name == "PoolingParams":
-        from host.core.pooling_params import PoolingParams
+        from host.contracts.pooling_params import PoolingParams
 
         return PoolingParams
     if name in ("PoolingRequestOutput", "EmbeddingRequestOutput"):
@@ -28,7 +28,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(pooling_output, name)
     if name == "SamplingParams":
-        from host.core.sampling_params import SamplingParams
+        from host.contracts.sampling_params import SamplingParams
 
         return SamplingParams
     raise AttributeError(f"module 'host' has no attribute {name!r}")

@@ -22,5 +22,5 @@ def host_register_reasoning_parsers(register: Callable[..., None]) -> None:
 
     Call ``register(parser_class)``; ``parser_class.name`` is the key ``--reasoning-parser``
     selects it by. The chat route creates one ``parser_class(tokenizer)`` per server and calls
-    ``split(text, final)`` on the output (see :mod:`host.sdk.reasoning_parser`).
+    ``split(text, final)`` on the output (see :mod:`host.interfaces.reasoning_parser`).
     """

@@ -24,5 +24,5 @@ def host_register_stat_loggers(register: Callable[..., None]) -> None:
     selects it by. The API server creates each selected logger once per engine, as
     ``logger_class(context, arg)``, and calls ``record(scheduler_stats, iteration_stats)`` after
     every engine step, ``log()`` every ``--log-stats-interval`` seconds and ``shutdown()`` at
-    exit (see :mod:`host.sdk.stat_logger`).
+    exit (see :mod:`host.interfaces.stat_logger`).
     """

@@ -23,5 +23,5 @@ def host_register_tool_parsers(register: Callable[..., None]) -> None:
     Call ``register(parser_class)``; ``parser_class.name`` is the key ``--tool-call-parser``
     selects it by. The chat route creates one ``parser_class(tokenizer)`` per server and calls
     ``extract(text, tools)`` on a finished output, or feeds a :class:`host.sdk.ToolCallStream`
-    the growing text of a streamed one (see :mod:`host.sdk.tool_parser`).
+    the growing text of a streamed one (see :mod:`host.interfaces.tool_parser`).
     """

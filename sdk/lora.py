@@ -4,13 +4,13 @@ names the problem and the fix), :func:`adapter_digest` (the sha256 of its files,
 content half of the prefix-cache key) and :func:`lora_requests_from_modules` (``--lora-modules``
 values: ``name=path`` or vLLM's JSON form).
 
-Stable re-export of :mod:`host.core.lora.request`, :mod:`host.core.lora.adapter` and
+Stable re-export of :mod:`host.contracts.lora_request`, :mod:`host.core.lora.adapter` and
 :mod:`host.core.lora.modules`; plugins import them from here, never from the core. Not imported
 by ``host.sdk`` itself (see :mod:`host.sdk.models`).
 """
 
+from host.contracts.lora_request import LoRARequest
 from host.core.lora.adapter import adapter_digest, read_adapter
 from host.core.lora.modules import lora_requests_from_modules
-from host.core.lora.request import LoRARequest
 
 __all__ = ["LoRARequest", "adapter_digest", "lora_requests_from_modules", "read_adapter"]

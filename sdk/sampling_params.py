@@ -2,11 +2,11 @@
 structured-output constraint inside it, and :class:`BeamSearchParams` (``use_beam_search``,
 ``BeamSearchParams.from_sampling_params``) with the :class:`BeamCompletion` outputs it yields.
 
-Stable re-export of :mod:`host.core.sampling_params` and :mod:`host.core.frontend.beam_search`;
+Stable re-export of :mod:`host.contracts.sampling_params` and :mod:`host.core.frontend.beam_search`;
 plugins import them from here, never from the core. Not imported by ``host.sdk`` itself (see :mod:`host.sdk.models`).
 """
 
+from host.contracts.sampling_params import SamplingParams, StructuredOutputsParams
 from host.core.frontend.beam_search import BeamCompletion, BeamSearchParams
-from host.core.sampling_params import SamplingParams, StructuredOutputsParams
 
 __all__ = ["BeamCompletion", "BeamSearchParams", "SamplingParams", "StructuredOutputsParams"]

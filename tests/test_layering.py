@@ -1,10 +1,15 @@
 """The layers of ``host``, as a test: who may import whom (docs/architecture.md, ARCHITECTURE).
 
-Bottom to top: ``host.hooks`` (hook specs; imports nothing of ``host`` but itself), ``host.core``
-(the engine; never imports a plugin), ``host.sdk`` (the stable surface over the core; never
-imports a plugin), ``host.plugins`` (built-ins, which reach the engine only through
-``host.sdk``). Inside ``host.plugins`` each package is a plugin, named by an entry point, or a
-library package several plugins share; a plugin never imports another plugin.
+Bottom to top: ``host.hooks`` (hook specs; imports nothing of ``host`` but itself),
+``host.contracts`` (the types that cross between the engine's parts: messages, ``Request``, step
+outputs, forward context, params; imports nothing of ``host`` but itself), ``host.interfaces``
+(the base classes and tables the engine calls; imports only itself and the contracts),
+``host.core`` (the engine; never imports a plugin nor ``host.sdk``), ``host.sdk`` (the stable
+surface over the core for plugin authors; never imports a plugin), ``host.plugins`` (built-ins,
+which reach the engine only through ``host.sdk``). Inside ``host.plugins`` each package is a
+plugin, named by an entry point, or a library package several plugins share; a plugin never
+imports another plugin. Inside ``host.core`` a lower role folder never imports a higher one
+(:data:`BACK_UP_IMPORTS`).
 
 :func:`layering_violations` reads every ``.py`` file under ``core/``, ``hooks/``, ``sdk/`` and
 ``plugins/`` with :mod:`ast` — module-level and function-level ``import`` / ``from`` statements,
@@ -25,7 +30,7 @@ import pytest
 
 from helpers import REPO
 
-SOURCE_DIRS = ("core", "hooks", "sdk", "plugins")
+SOURCE_DIRS = ("contracts", "interfaces", "core", "hooks", "sdk", "plugins")
 
 # Packages under host.plugins that no entry point names: code several built-in plugins share.
 LIBRARY_PACKAGES: dict[str, str] = {
@@ -53,7 +58,21 @@ CROSS_PLUGIN_EXCEPTIONS: dict[tuple[str, str], str] = {
 # through host.sdk. Kept empty: what plugins need is re-exported by host.sdk's modules.
 CORE_IMPORT_ALLOWLIST: dict[tuple[str, str], str] = {}
 
-RULE_NO_PLUGINS_BELOW = "core/, hooks/ and sdk/ never import host.plugins"
+# (lower, higher) role folders of host.core: the lower never imports the higher, even lazily
+BACK_UP_IMPORTS: dict[tuple[str, str], str] = {
+    ("host.core.engine", "host.core.worker"): "the engine core reaches workers through its executor (collective_rpc)",
+    ("host.core.kv_cache", "host.core.scheduler"): "the scheduler drives the KV cache manager, never the reverse",
+    ("host.core.lora", "host.core.worker"): "LoRA layers read the forward context from host.contracts",
+    ("host.core.models", "host.core.worker"): "models read the forward context from host.contracts",
+    ("host.core.scheduler", "host.core.engine"): "the engine core drives the scheduler; messages live in host.contracts",
+    ("host.core.scheduler", "host.core.worker"): "the scheduler reads the runner's output type from host.contracts",
+}
+
+RULE_NO_PLUGINS_BELOW = "contracts/, interfaces/, core/, hooks/ and sdk/ never import host.plugins"
+RULE_CONTRACTS_AT_THE_FLOOR = "contracts/ imports nothing of host but itself"
+RULE_INTERFACES_BELOW_CORE = "interfaces/ imports only itself and host.contracts"
+RULE_CORE_BELOW_SDK = "core/ never imports host.sdk (it calls host.interfaces; host.sdk is the plugin authors' surface)"
+RULE_NO_BACK_UP = "a lower role folder of host.core never imports a higher one (BACK_UP_IMPORTS)"
 RULE_HOOKS_AT_THE_BOTTOM = "hooks/ is the bottom layer: it imports only host.hooks"
 RULE_PLUGINS_APART = "a built-in plugin never imports another built-in plugin (only a library package)"
 RULE_CORE_THROUGH_SDK = "a plugin reaches host.core only through host.sdk"
@@ -132,8 +151,19 @@ def excepted(imp: Import, table: dict[tuple[str, str], str]) -> bool:
 def rules_broken(imp: Import) -> list[str]:
     """The layering rules one import breaks."""
     broken = []
-    if within(imp.target, "host.plugins") and any(within(imp.importer, f"host.{layer}") for layer in ("core", "hooks", "sdk")):
+    if within(imp.target, "host.plugins") and any(
+        within(imp.importer, f"host.{layer}") for layer in ("contracts", "interfaces", "core", "hooks", "sdk")
+    ):
         broken.append(RULE_NO_PLUGINS_BELOW)
+    if within(imp.importer, "host.contracts") and within(imp.target, "host") and not within(imp.target, "host.contracts"):
+        broken.append(RULE_CONTRACTS_AT_THE_FLOOR)
+    if (within(imp.importer, "host.interfaces") and within(imp.target, "host")
+            and not any(within(imp.target, p) for p in ("host.interfaces", "host.contracts"))):
+        broken.append(RULE_INTERFACES_BELOW_CORE)
+    if within(imp.importer, "host.core") and within(imp.target, "host.sdk"):
+        broken.append(RULE_CORE_BELOW_SDK)
+    if any(within(imp.importer, low) and within(imp.target, high) for low, high in BACK_UP_IMPORTS):
+        broken.append(RULE_NO_BACK_UP)
     if within(imp.importer, "host.hooks") and within(imp.target, "host") and not within(imp.target, "host.hooks"):
         broken.append(RULE_HOOKS_AT_THE_BOTTOM)
     mine, theirs = plugin_package(imp.importer), plugin_package(imp.target)
@@ -203,6 +233,10 @@ def test_every_plugins_package_is_a_plugin_or_a_library():
 SYNTHETIC = {
     # one forbidden import of each kind
     "core/engine.py": "import os\n\nfrom host.plugins.alpha.kernels import fast\n",
+    "core/frontend.py": "from host.sdk.errors import APIError\n",
+    "core/scheduler/plan.py": "def plan():\n    from host.core.worker.output import ModelRunnerOutput\n",
+    "contracts/messages.py": "from host.core.config import Config\n",
+    "interfaces/platform.py": "from host.core.plugins.manager import get_plugin_host\n",
     "hooks/general.py": "from host.hooks.markers import hookspec\n\n\ndef spec():\n    from host.core.config import Config\n",
     "sdk/helpers.py": "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from ..plugins.alpha import thing\n",
     "plugins/alpha/platform.py": "from host.plugins.beta.attention import BetaBackend\n",
@@ -220,7 +254,9 @@ SYNTHETIC = {
     "plugins/beta/attention.py": "from host.sdk import AttentionBackend\n\n\nclass BetaBackend(AttentionBackend):\n    pass\n",
     "plugins/triton_ops/__init__.py": "",
     "plugins/triton_ops/kernels.py": "import torch\n",
-    "core/worker.py": "from host.sdk.attention import AttentionBackend\nfrom host.core.config import Config\n",
+    "core/worker.py": "from host.interfaces.attention import AttentionBackend\nfrom host.core.config import Config\n",
+    "contracts/request.py": "import enum\n\nfrom host.contracts.sampling_params import SamplingParams\n",
+    "interfaces/attention.py": "from host.contracts.forward_context import ForwardContext\n",
     "sdk/runtime.py": "from host.core.plugins.platform import current_platform\n",
     "hooks/markers.py": "import pluggy\n",
 }
@@ -242,6 +278,10 @@ def test_the_checker_finds_one_forbidden_import_of_each_kind(tmp_path):
         ("sdk/helpers.py", 4, "host.plugins.alpha.thing", RULE_NO_PLUGINS_BELOW),
         ("plugins/alpha/platform.py", 1, "host.plugins.beta.attention.BetaBackend", RULE_PLUGINS_APART),
         ("plugins/alpha/runner.py", 2, "host.core.worker.worker", RULE_CORE_THROUGH_SDK),
+        ("core/frontend.py", 1, "host.sdk.errors.APIError", RULE_CORE_BELOW_SDK),
+        ("core/scheduler/plan.py", 2, "host.core.worker.output.ModelRunnerOutput", RULE_NO_BACK_UP),
+        ("contracts/messages.py", 1, "host.core.config.Config", RULE_CONTRACTS_AT_THE_FLOOR),
+        ("interfaces/platform.py", 1, "host.core.plugins.manager.get_plugin_host", RULE_INTERFACES_BELOW_CORE),
     }
     message = str(next(v for v in layering_violations(tmp_path) if v.file == "plugins/alpha/runner.py"))
     assert message == (
@@ -253,6 +293,7 @@ def test_the_checker_finds_one_forbidden_import_of_each_kind(tmp_path):
 def test_the_checker_passes_a_clean_tree(tmp_path):
     clean = {rel: text for rel, text in SYNTHETIC.items() if rel not in (
         "core/engine.py", "hooks/general.py", "sdk/helpers.py", "plugins/alpha/platform.py", "plugins/alpha/runner.py",
+        "core/frontend.py", "core/scheduler/plan.py", "contracts/messages.py", "interfaces/platform.py",
     )}
     clean["plugins/alpha/__init__.py"] = "from .kernels import fast\n"  # platform.py is gone
     write_tree(tmp_path, clean)

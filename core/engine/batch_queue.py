@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from host.core.engine.protocol import EngineCoreOutputs
-from host.core.scheduler.output import SchedulerOutput
+from host.contracts.messages import EngineCoreOutputs
+from host.contracts.scheduler_output import SchedulerOutput
 
 if TYPE_CHECKING:
     from host.core.engine.core import EngineCore

@@ -2,7 +2,7 @@
 
 A front end (the offline :class:`~host.core.frontend.llm.LLM`, or the API server's
 :class:`~host.core.frontend.async_llm.AsyncLLM`) talks to its engine core only through one of
-these, in messages of :mod:`host.core.engine.protocol`:
+these, in messages of :mod:`host.contracts.messages`:
 
 - :class:`InprocClient` drives an :class:`~host.core.engine.core.EngineCore` in this process:
   ``get_output()`` is one engine step.
@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import zmq
 import zmq.asyncio
 
-from host.core.engine.protocol import (
+from host.contracts.messages import (
     AbortRequests,
     EngineCoreOutputs,
     EngineCoreRequest,

@@ -14,20 +14,20 @@ import os
 import time
 from typing import Any, Iterable
 
+from host.contracts.messages import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
+from host.contracts.request import Request, RequestStatus
+from host.contracts.runner_output import ModelRunnerOutput
+from host.contracts.scheduler_output import SchedulerOutput
 from host.core.config import EngineConfig
 from host.core.engine.batch_queue import BatchQueue
-from host.core.engine.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
-from host.core.engine.structured_output import StructuredOutputManager
 from host.core.kv_cache.manager import KVCacheManager
 from host.core.kv_cache.spec import KVCacheConfig, num_blocks_from_memory
 from host.core.kv_transfer.factory import make_kv_connector
 from host.core.plugins.manager import get_plugin_host
-from host.core.scheduler.output import SchedulerOutput
-from host.core.scheduler.request import Request, RequestStatus
 from host.core.scheduler.scheduler import Scheduler
+from host.core.structured_output.engine import StructuredOutputManager
 from host.core.utils import freeze_startup_objects
-from host.core.worker.output import ModelRunnerOutput
-from host.sdk.kv_connector import KVConnectorRole, KVOutputAggregator
+from host.interfaces.kv_connector import KVConnectorRole, KVOutputAggregator
 
 logger = logging.getLogger("host.engine")
 
@@ -276,10 +276,7 @@ class EngineCore:
     def utility_describe(self) -> dict[str, Any]:
         """Where this engine runs: process, platform, attention backend and KV cache size (the
         worker's, or rank 0's when the workers are processes of their own)."""
-        from host.core.worker.worker_loop import describe_worker
-
-        worker = getattr(self.executor, "worker", None)
-        info = describe_worker(worker) if worker is not None else self.executor.collective_rpc("describe_worker")[0]
+        info = self.executor.collective_rpc("describe_worker")[0]  # Worker.describe_worker
         return {
             "pid": os.getpid(),
             **info,

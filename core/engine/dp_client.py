@@ -35,8 +35,8 @@ from typing import Any, Callable
 
 import zmq
 
+from host.contracts.messages import EngineCoreOutputs, EngineCoreRequest, SchedulerStats, from_engine_decoder
 from host.core.engine.client import AsyncMPClient, EngineDeadError, EngineStartupError, SyncMPClient, next_output
-from host.core.engine.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats, from_engine_decoder
 
 logger = logging.getLogger("host.engine_client")
 

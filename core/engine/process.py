@@ -2,9 +2,9 @@
 
 Started by the multiprocess engine-core client (:mod:`host.core.engine.client`) as a spawned
 process that bootstraps the ``engine`` plugin groups (and ``worker`` too: the uniproc executor
-runs the worker in this process). It pulls :data:`~host.core.engine.protocol.ToEngine` messages
+runs the worker in this process). It pulls :data:`~host.contracts.messages.ToEngine` messages
 from the input socket, steps the engine while any request is unfinished, and pushes each step's
-:class:`~host.core.engine.protocol.EngineCoreOutputs`. Idle, it blocks on the input socket;
+:class:`~host.contracts.messages.EngineCoreOutputs`. Idle, it blocks on the input socket;
 busy, it polls without blocking, so new requests join the running batch at the next step.
 Whatever it does, it sends something at least every :data:`HEARTBEAT_INTERVAL_S` seconds
 between steps (an empty heartbeat when idle), so the front end can tell a stopped engine.
@@ -22,7 +22,7 @@ from typing import Any
 import msgspec
 import zmq
 
-from host.core.engine.protocol import (
+from host.contracts.messages import (
     AbortRequests,
     EngineCoreOutput,
     EngineCoreOutputs,

@@ -28,7 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from host.core.entrypoints.drain import Drain, DrainMiddleware
 from host.core.entrypoints.middleware import ApiKeyMiddleware, BodyLimitMiddleware, InternalErrorMiddleware
 from host.core.utils import freeze_startup_objects
-from host.sdk.errors import error_body
+from host.interfaces.errors import error_body
 
 logger = logging.getLogger("host.api")
 
@@ -142,7 +142,7 @@ def build_app(config: Any, settings: ServerSettings, plugin_host: Any, engine: A
     its sockets live on uvicorn's event loop) and stopped when the server stops; the engine runs
     in ``early_engine`` when given (a :func:`~host.core.engine.client.prestart_engine` process)."""
     from host.core.frontend.async_llm import AsyncLLM, EngineDeadError
-    from host.sdk import APIError
+    from host.interfaces.errors import APIError
 
     endpoints = select_endpoints(plugin_host, settings.model_tasks)
 
@@ -232,7 +232,7 @@ def _attach_stat_loggers(state: Any, config: Any, settings: ServerSettings, plug
     from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
     from host.core.frontend.stat_loggers import StatLoggerManager
-    from host.sdk.stat_logger import StatLoggerContext
+    from host.interfaces.stat_logger import StatLoggerContext
 
     state.metrics_registry = CollectorRegistry()
     for collector in (ProcessCollector, PlatformCollector, GCCollector):  # process_*, python_*, as vLLM shows

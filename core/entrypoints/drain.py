@@ -18,7 +18,7 @@ import json
 import logging
 from typing import Any, Callable
 
-from host.sdk.errors import error_body
+from host.interfaces.errors import error_body
 
 logger = logging.getLogger("host.api")
 

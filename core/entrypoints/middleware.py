@@ -26,7 +26,7 @@ from typing import Any, Awaitable, Callable
 
 from starlette.responses import JSONResponse
 
-from host.sdk.errors import error_body
+from host.interfaces.errors import error_body
 
 logger = logging.getLogger("host.api")
 

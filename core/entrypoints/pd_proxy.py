@@ -29,7 +29,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from host.sdk.errors import error_body
+from host.interfaces.errors import error_body
 
 PASSED_HEADERS = ("authorization", "x-request-id")
 

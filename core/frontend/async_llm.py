@@ -20,15 +20,15 @@ import time
 import uuid
 from typing import Any, AsyncIterator
 
+from host.contracts.messages import SchedulerStats
+from host.contracts.sampling_params import SamplingParams
 from host.core.engine.client import AsyncMPClient, EngineDeadError, EngineStartupError
 from host.core.engine.dp_client import DPAsyncMPClient
-from host.core.engine.protocol import SchedulerStats
 from host.core.frontend.beam_search import BeamSearch, BeamSearchParams, check_step_logprobs
 from host.core.frontend.input_processor import InputProcessor
 from host.core.frontend.output_processor import OutputProcessor, ProcessedOutputs, RequestOutput, RequestTiming
 from host.core.frontend.stat_loggers import StatLoggerManager
-from host.core.sampling_params import SamplingParams
-from host.sdk.errors import APIError
+from host.interfaces.errors import APIError
 
 logger = logging.getLogger("host.async_llm")
 

@@ -37,8 +37,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from host.contracts.sampling_params import SamplingParams, check_finite, check_int
 from host.core.frontend.output_processor import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
-from host.core.sampling_params import SamplingParams, check_finite, check_int
 
 __all__ = ["BeamCompletion", "BeamSearch", "BeamSearchParams"]
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from host.core.sampling_params import SamplingParams
+from host.contracts.sampling_params import SamplingParams
 
 logger = logging.getLogger("host.detokenizer")
 

@@ -14,8 +14,8 @@ import copy
 import time
 from typing import Any, Sequence
 
-from host.core.engine.protocol import EngineCoreRequest
-from host.core.sampling_params import MAX_LOGPROBS, SamplingParams, check_int
+from host.contracts.messages import EngineCoreRequest
+from host.contracts.sampling_params import MAX_LOGPROBS, SamplingParams, check_int
 
 
 def prepare_params(tokenizer: Any | None, params: SamplingParams) -> SamplingParams:
@@ -198,6 +198,7 @@ class InputProcessor:
 
             if lora_request is not None:
                 raise ValueError("lora_request is not supported for pooling requests; drop it")
+            check_priority(priority)
             return pooling_request(self, request_id, prompt_token_ids, pooling_params, priority)
         check_priority(priority)
         params = prepare_params(self.tokenizer, params)
@@ -213,8 +214,8 @@ class InputProcessor:
         """``lora_request`` validated against this engine and model, with its digest filled; a
         ``ValueError`` naming the problem (LoRA off, a missing file, a rank too large, an
         unknown target module, a shape of another model)."""
+        from host.contracts.lora_request import LoRARequest
         from host.core.lora.adapter import read_adapter
-        from host.core.lora.request import LoRARequest
 
         if not isinstance(lora_request, LoRARequest):
             raise ValueError(f"lora_request={lora_request!r} must be a host.LoRARequest(name, id, path) or None")

@@ -21,16 +21,16 @@ from typing import Any, Iterator, Sequence
 
 import msgspec
 
+from host.contracts.messages import SchedulerStats
+from host.contracts.sampling_params import SamplingParams
 from host.core.engine.client import InprocClient, SyncMPClient, prestart_engine
 from host.core.engine.dp_client import DPSyncMPClient
-from host.core.engine.protocol import SchedulerStats
 from host.core.engine_args import EngineArgs
 from host.core.frontend.beam_search import BeamCompletion, BeamSearch, BeamSearchParams, check_step_logprobs
 from host.core.frontend.input_processor import InputProcessor
 from host.core.frontend.output_processor import CompletionOutput, Logprob, OutputProcessor, RequestOutput
 from host.core.models.tokenizer import get_tokenizer
 from host.core.plugins.manager import plugin_host_for
-from host.core.sampling_params import SamplingParams
 
 logger = logging.getLogger("host.llm")
 

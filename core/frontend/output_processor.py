@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from host.core.engine.protocol import (
+from host.contracts.messages import (
     EVENT_PREEMPTED,
     EVENT_QUEUED,
     EVENT_SCHEDULED,
@@ -23,8 +23,8 @@ from host.core.engine.protocol import (
     EngineCoreRequest,
     TokenLogprobs,
 )
+from host.contracts.sampling_params import SamplingParams
 from host.core.frontend.detokenizer import IncrementalDetokenizer
-from host.core.sampling_params import SamplingParams
 
 
 @dataclass

@@ -19,10 +19,10 @@ from __future__ import annotations
 import time
 from typing import Any, AsyncIterator, Sequence
 
-from host.core.engine.protocol import EngineCoreRequest
+from host.contracts.messages import EngineCoreRequest
+from host.contracts.pooling_params import PoolingParams
+from host.contracts.sampling_params import SamplingParams
 from host.core.frontend.pooling_output import EmbeddingRequestOutput, PoolingOutput, PoolingRequestOutput
-from host.core.pooling_params import PoolingParams
-from host.core.sampling_params import SamplingParams
 
 
 def _one_step_params() -> SamplingParams:
@@ -33,9 +33,8 @@ def _one_step_params() -> SamplingParams:
 def pooling_request(
     processor: Any, request_id: str, prompt_token_ids: list[int], params: PoolingParams | None, priority: int = 0
 ) -> EngineCoreRequest:
-    """The engine request of one pooling prompt, checked against ``processor``'s engine."""
-    from host.core.frontend.input_processor import check_priority
-
+    """The engine request of one pooling prompt, checked against ``processor``'s engine
+    (``priority`` is checked by the caller, :meth:`InputProcessor.process`)."""
     if processor.runner != "pooling":
         if params is None:
             raise AssertionError("pooling_request needs PoolingParams on a generating model")
@@ -50,7 +49,6 @@ def pooling_request(
         )
     if not isinstance(params, PoolingParams):
         raise ValueError(f"pooling_params={params!r} must be a host PoolingParams")
-    check_priority(priority)
     n = len(prompt_token_ids)
     if n == 0:
         raise ValueError("the prompt is empty; send at least one token")

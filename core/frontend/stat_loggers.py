@@ -2,8 +2,8 @@
 stat logger. It runs in the API process.
 
 :class:`StatLoggerManager` selects the loggers of the ``stat_loggers`` registry (see
-:mod:`host.sdk.stat_logger` for which ones run) and creates one instance of each. For every
-engine step it builds one :class:`~host.sdk.stat_logger.IterationStats` from the output
+:mod:`host.interfaces.stat_logger` for which ones run) and creates one instance of each. For every
+engine step it builds one :class:`~host.interfaces.stat_logger.IterationStats` from the output
 processor's :class:`~host.core.frontend.output_processor.ProcessedOutputs` and from the
 scheduler's totals (this step's share of preemptions and prefix-cache lookups), then calls
 ``record`` on each logger. With ``-dp N`` there is one instance of each logger per engine
@@ -24,10 +24,10 @@ import logging
 import time
 from typing import Iterable
 
-from host.core.engine.protocol import SchedulerStats
+from host.contracts.messages import SchedulerStats
+from host.contracts.sampling_params import SamplingParams
 from host.core.frontend.output_processor import ProcessedOutputs, RequestOutput, RequestTiming
-from host.core.sampling_params import SamplingParams
-from host.sdk.stat_logger import FinishedRequestStats, IterationStats, StatLogger, StatLoggerContext
+from host.interfaces.stat_logger import FinishedRequestStats, IterationStats, StatLogger, StatLoggerContext
 
 logger = logging.getLogger("host.stat_loggers")
 
@@ -188,7 +188,7 @@ def finished_stats(
     result: RequestOutput, timing: RequestTiming, params: SamplingParams, now: float
 ) -> FinishedRequestStats:
     """The metrics of one ended prompt, from its result and timings (see
-    :class:`~host.sdk.stat_logger.FinishedRequestStats`)."""
+    :class:`~host.interfaces.stat_logger.FinishedRequestStats`)."""
     reasons = [c.finish_reason or "abort" for c in result.outputs] or ["abort"]
     lengths = [len(c.token_ids) for c in result.outputs] or [0]
     out = FinishedRequestStats(

@@ -17,19 +17,18 @@ from __future__ import annotations
 import hashlib
 import pickle
 import struct
-from typing import TYPE_CHECKING, Any, Callable, NewType, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
+
+from host.contracts.request import BlockHash, BlockHasher
 
 if TYPE_CHECKING:
-    from host.core.lora.request import LoRARequest
-    from host.core.scheduler.request import Request
-
-BlockHash = NewType("BlockHash", bytes)
+    from host.contracts.lora_request import LoRARequest
+    from host.contracts.request import Request
 
 #: The parent hash of a request's first block (a fixed seed: identical across processes).
 NONE_HASH: BlockHash = BlockHash(hashlib.sha256(b"host-none-hash").digest())
 
 ExtraKeys = tuple[Any, ...] | None
-BlockHasher = Callable[["Request"], list[BlockHash]]
 
 
 def hash_block_tokens(

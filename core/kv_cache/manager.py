@@ -3,17 +3,11 @@ and slot allocation for the tokens scheduled in a step."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterable, Sequence
 
+from host.contracts.request import Request
 from host.core.kv_cache.block_pool import BlockPool, KVCacheBlock, PrefixCacheStats
-from host.core.kv_cache.spec import (
-    FullAttentionSpec,
-    KVCacheConfig,
-    SlidingWindowSpec,
-    check_kv_cache_specs,
-    register_kv_cache_manager,
-)
-from host.core.scheduler.request import Request
+from host.core.kv_cache.spec import FullAttentionSpec, KVCacheConfig, KVCacheSpec, SlidingWindowSpec
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -199,6 +193,55 @@ class KVCacheManager:
     def reset_prefix_cache(self) -> bool:
         """Drop every cached prefix; only works while no request holds blocks."""
         return self.block_pool.reset_prefix_cache()
+
+
+# -- spec class -> manager class registry ----------------------------------------------------
+
+_MANAGER_REGISTRY: dict[type[KVCacheSpec], type] = {}
+
+
+def register_kv_cache_manager(spec_cls: type[KVCacheSpec], manager_cls: type) -> None:
+    """Declare that ``manager_cls`` manages the KV cache of layers described by ``spec_cls``
+    (and by its subclasses that are not registered themselves)."""
+    if not (isinstance(spec_cls, type) and issubclass(spec_cls, KVCacheSpec)):
+        raise TypeError(f"{spec_cls!r} is not a KVCacheSpec subclass")
+    _MANAGER_REGISTRY[spec_cls] = manager_cls
+
+
+def get_manager_class(spec_cls: type[KVCacheSpec]) -> type:
+    """The manager registered for ``spec_cls`` or its nearest registered ancestor (MRO order).
+
+    Raises ``ValueError`` (not an assert: it must survive ``python -O``) for an unregistered class.
+    """
+    for klass in spec_cls.__mro__:
+        manager = _MANAGER_REGISTRY.get(klass)
+        if manager is not None:
+            return manager
+    raise ValueError(
+        f"KV cache spec class {spec_cls.__name__} has no KV cache manager: register one with "
+        f"host.core.kv_cache.manager.register_kv_cache_manager({spec_cls.__name__}, ManagerClass), "
+        f"or subclass a registered spec such as FullAttentionSpec"
+    )
+
+
+def check_kv_cache_specs(specs: Iterable[KVCacheSpec]) -> type:
+    """Start-up check: every layer's spec has a manager, all layers share one manager class and
+    one block size. Returns that manager class."""
+    specs = list(specs)
+    if not specs:
+        raise ValueError("the model has no KV cache layers (empty spec list)")
+    managers = {get_manager_class(type(s)) for s in specs}
+    if len(managers) > 1:
+        names = sorted(m.__name__ for m in managers)
+        raise ValueError(
+            f"layers need different KV cache managers ({', '.join(names)}); "
+            "hybrid KV cache layouts are not supported yet"
+        )
+    block_sizes = {s.block_size for s in specs}
+    if len(block_sizes) > 1:
+        raise ValueError(f"all KV cache layers must share one block_size, got {sorted(block_sizes)}")
+    return managers.pop()
+
 
 
 register_kv_cache_manager(FullAttentionSpec, KVCacheManager)

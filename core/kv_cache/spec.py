@@ -8,7 +8,7 @@ handles it; lookups walk the MRO, so a subclass of a registered spec inherits it
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Sequence
 
 _DTYPE_BYTES: dict[str, int] = {
     "float32": 4,
@@ -113,60 +113,6 @@ class SlidingWindowSpec(AttentionSpec):
         super().__post_init__()
         if not isinstance(self.sliding_window, int) or self.sliding_window < 1:
             raise ValueError(f"SlidingWindowSpec.sliding_window={self.sliding_window!r} must be >= 1")
-
-
-# -- spec class -> manager class registry ----------------------------------------------------
-
-_MANAGER_REGISTRY: dict[type[KVCacheSpec], type] = {}
-
-
-def register_kv_cache_manager(spec_cls: type[KVCacheSpec], manager_cls: type) -> None:
-    """Declare that ``manager_cls`` manages the KV cache of layers described by ``spec_cls``
-    (and by its subclasses that are not registered themselves)."""
-    if not (isinstance(spec_cls, type) and issubclass(spec_cls, KVCacheSpec)):
-        raise TypeError(f"{spec_cls!r} is not a KVCacheSpec subclass")
-    _MANAGER_REGISTRY[spec_cls] = manager_cls
-
-
-def _ensure_builtin_managers() -> None:
-    # the built-in manager registers itself on import
-    import host.core.kv_cache.manager  # noqa: F401
-
-
-def get_manager_class(spec_cls: type[KVCacheSpec]) -> type:
-    """The manager registered for ``spec_cls`` or its nearest registered ancestor (MRO order).
-
-    Raises ``ValueError`` (not an assert: it must survive ``python -O``) for an unregistered class.
-    """
-    _ensure_builtin_managers()
-    for klass in spec_cls.__mro__:
-        manager = _MANAGER_REGISTRY.get(klass)
-        if manager is not None:
-            return manager
-    raise ValueError(
-        f"KV cache spec class {spec_cls.__name__} has no KV cache manager: register one with "
-        f"host.core.kv_cache.spec.register_kv_cache_manager({spec_cls.__name__}, ManagerClass), "
-        f"or subclass a registered spec such as FullAttentionSpec"
-    )
-
-
-def check_kv_cache_specs(specs: Iterable[KVCacheSpec]) -> type:
-    """Start-up check: every layer's spec has a manager, all layers share one manager class and
-    one block size. Returns that manager class."""
-    specs = list(specs)
-    if not specs:
-        raise ValueError("the model has no KV cache layers (empty spec list)")
-    managers = {get_manager_class(type(s)) for s in specs}
-    if len(managers) > 1:
-        names = sorted(m.__name__ for m in managers)
-        raise ValueError(
-            f"layers need different KV cache managers ({', '.join(names)}); "
-            "hybrid KV cache layouts are not supported yet"
-        )
-    block_sizes = {s.block_size for s in specs}
-    if len(block_sizes) > 1:
-        raise ValueError(f"all KV cache layers must share one block_size, got {sorted(block_sizes)}")
-    return managers.pop()
 
 
 # -- sizing ------------------------------------------------------------------------------------

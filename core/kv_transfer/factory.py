@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from host.sdk.kv_connector import KVConnector, KVConnectorRole
+from host.interfaces.kv_connector import KVConnector, KVConnectorRole
 
 
 def layer_name(layer_idx: int) -> str:

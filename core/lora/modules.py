@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from host.core.lora.request import LoRARequest
+from host.contracts.lora_request import LoRARequest
 
 FORMS = "use name=/path/to/adapter or '{\"name\": \"sql\", \"path\": \"/path/to/adapter\"}'"
 

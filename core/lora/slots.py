@@ -23,10 +23,10 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 
+from host.contracts.lora_request import LoRARequest
 from host.core.lora.adapter import read_adapter
 from host.core.lora.layers import LoRALinear
 from host.core.lora.punica import LoRAMapping, build_mapping
-from host.core.lora.request import LoRARequest
 
 logger = logging.getLogger("host.lora")
 

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from host.core.worker.forward_context import get_forward_context
-from host.sdk.attention import AttentionBackend
+from host.contracts.forward_context import get_forward_context
+from host.interfaces.attention import AttentionBackend
 
 
 @torch.library.custom_op("host::attention", mutates_args=("output",))

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from host.core.worker.forward_context import get_forward_context
+from host.contracts.forward_context import get_forward_context
 
 _ACTIVATIONS = {
     "gelu": lambda x: F.gelu(x),

@@ -25,7 +25,7 @@ class RMSNorm(nn.Module):
     ``(norm(x + residual), x + residual)`` — the pre-norm decoder's residual stream in one call,
     so a platform kernel can do the add and the norm in one pass.
 
-    A platform may set ``kernel`` (see :meth:`host.sdk.platform.Platform.prepare_model`) to a
+    A platform may set ``kernel`` (see :meth:`host.interfaces.platform.Platform.prepare_model`) to a
     callable with the same contract, ``kernel(x, residual, weight, eps)``; it is used for the
     dtypes in ``kernel_dtypes`` and may update ``x`` and ``residual`` in place.
     """

@@ -399,9 +399,6 @@ def plugin_host_for(
     host = get_plugin_host()
     if host.settings == settings:
         return host
-    from host.core.plugins.platform import reset_current_platform  # platform.py imports this module
-
     host = PluginHost(settings)
-    set_plugin_host(host)
-    reset_current_platform()
+    set_plugin_host(host)  # core/plugins/platform.py resolves a new host's platform anew
     return host

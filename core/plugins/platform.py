@@ -23,7 +23,7 @@ from typing import Any
 
 from host.core.plugins.manager import PluginHost, get_plugin_host
 from host.hooks.groups import PLATFORMS_GROUP
-from host.sdk.platform import Platform, UnspecifiedPlatform
+from host.interfaces.platform import Platform, UnspecifiedPlatform
 
 logger = logging.getLogger("host.platform")
 
@@ -150,19 +150,23 @@ def resolve_platform(host: PluginHost, forced: str | None = None) -> PlatformRes
     )
 
 
-_RESOLVED: dict[int, PlatformResolution] = {}
+_RESOLVED: dict[int, tuple[PluginHost, PlatformResolution]] = {}
 
 
 def current_resolution() -> PlatformResolution:
-    """The resolution for this process, computed once (lazily: the API process loads the
-    platform group only when something first asks)."""
+    """The resolution for this process and its current plugin host, computed once per host
+    (lazily: the API process loads the platform group only when something first asks). A new
+    plugin host (``configure_plugin_host`` with other settings, the testing kit) is resolved
+    anew."""
     pid = os.getpid()
-    if pid not in _RESOLVED:
+    host = get_plugin_host()
+    cached = _RESOLVED.get(pid)
+    if cached is None or cached[0] is not host:
         _RESOLVED.clear()
-        _RESOLVED[pid] = resolve_platform(get_plugin_host())
-        res = _RESOLVED[pid]
+        res = resolve_platform(host)
+        _RESOLVED[pid] = (host, res)
         logger.info("Platform: %s (%s)", res.platform.name, res.reason)
-    return _RESOLVED[pid]
+    return _RESOLVED[pid][1]
 
 
 def current_platform() -> Platform:

@@ -28,12 +28,12 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from host.core.config import KVTransferConfig
-from host.sdk.kv_connector import KVConnector, KVConnectorOutput
+from host.interfaces.kv_connector import KVConnector, KVConnectorOutput
 
 if TYPE_CHECKING:
+    from host.contracts.request import Request
     from host.core.kv_cache.block_pool import KVCacheBlock
     from host.core.kv_cache.manager import KVCacheManager
-    from host.core.scheduler.request import Request
 
 logger = logging.getLogger(__name__)
 

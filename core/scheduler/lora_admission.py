@@ -18,7 +18,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Hashable, Iterable
 
 if TYPE_CHECKING:
-    from host.core.scheduler.request import Request
+    from host.contracts.request import Request
 
 
 def adapter_key(request: "Request") -> Hashable | None:

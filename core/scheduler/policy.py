@@ -15,7 +15,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from typing import Iterable, Iterator
 
-from host.core.scheduler.request import Request
+from host.contracts.request import Request
 
 
 class RequestQueue(ABC):

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from host.core.engine.protocol import EngineCoreOutput
-from host.core.scheduler.request import Request, RequestStatus
+from host.contracts.messages import EngineCoreOutput
+from host.contracts.request import Request, RequestStatus
 
 
 def finish_pooled(request: Request, pooler_output: dict[str, list[float]] | None, events: Any = None) -> EngineCoreOutput:

@@ -14,8 +14,7 @@ import logging
 import time
 from typing import Any, Container, Iterable
 
-from host.core.config import CacheConfig, SchedulerConfig
-from host.core.engine.protocol import (
+from host.contracts.messages import (
     EVENT_PREEMPTED,
     EVENT_QUEUED,
     EVENT_SCHEDULED,
@@ -24,17 +23,18 @@ from host.core.engine.protocol import (
     EngineCoreOutputs,
     SchedulerStats,
 )
+from host.contracts.request import Request, RequestStatus
+from host.contracts.runner_output import ModelRunnerOutput
+from host.contracts.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
+from host.core.config import CacheConfig, SchedulerConfig
 from host.core.kv_cache.block_pool import KVCacheBlock
 from host.core.kv_cache.hashing import make_block_hasher
 from host.core.kv_cache.manager import KVCacheManager
 from host.core.scheduler.kv_transfer import KVTransferState
 from host.core.scheduler.lora_admission import LoRAAdmission, lora_stats
-from host.core.scheduler.output import CachedRequestData, NewRequestData, SchedulerOutput
 from host.core.scheduler.policy import create_request_queue
 from host.core.scheduler.pooling import finish_pooled
-from host.core.scheduler.request import Request, RequestStatus
 from host.core.scheduler.spec_decode import SpecDecodeScheduling
-from host.core.worker.output import ModelRunnerOutput
 
 logger = logging.getLogger(__name__)
 
@@ -650,7 +650,7 @@ class Scheduler:
 
     @staticmethod
     def _accept_structured(request: Request, token_ids: list[int]) -> bool:
-        from host.core.engine.structured_output import StructuredOutputManager
+        from host.core.structured_output.engine import StructuredOutputManager
 
         return StructuredOutputManager.accept_tokens(request, token_ids)
 

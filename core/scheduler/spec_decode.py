@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from host.contracts.request import Request
     from host.core.config import EngineConfig, SpeculativeConfig
-    from host.core.scheduler.request import Request
 
 logger = logging.getLogger("host.spec_decode")
 
@@ -96,7 +96,7 @@ class SpecDecodeScheduling:
         if limit is not None and num_running >= limit:
             return []
         if request.structured_output is not None:  # only what the grammar accepts can be emitted
-            from host.core.engine.structured_output import StructuredOutputManager
+            from host.core.structured_output.engine import StructuredOutputManager
 
             drafts = StructuredOutputManager.valid_drafts(request, list(drafts))
             if not drafts:

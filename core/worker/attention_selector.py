@@ -9,7 +9,7 @@ import torch
 
 from host.core.config import EngineConfig
 from host.core.plugins.manager import get_plugin_host
-from host.sdk.attention import AttentionBackend, AttentionRequirements
+from host.interfaces.attention import AttentionBackend, AttentionRequirements
 
 logger = logging.getLogger("host.attention")
 

@@ -27,8 +27,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from host.core.worker.forward_context import ForwardContext, set_forward_context
-from host.sdk.attention import CommonAttentionMetadata
+from host.contracts.forward_context import ForwardContext, set_forward_context
+from host.interfaces.attention import CommonAttentionMetadata
 
 logger = logging.getLogger("host.graphs")
 

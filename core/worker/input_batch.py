@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from host.core.scheduler.output import NewRequestData
+from host.contracts.scheduler_output import NewRequestData
 
 
 @dataclass

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from host.core.kv_transfer.factory import layer_name, make_kv_connector
-from host.sdk.kv_connector import KVConnectorOutput, KVConnectorRole
+from host.interfaces.kv_connector import KVConnectorOutput, KVConnectorRole
 
 logger = logging.getLogger("host.worker")
 

@@ -17,20 +17,20 @@ from typing import Any
 import numpy as np
 import torch
 
+from host.contracts.forward_context import ForwardContext, set_forward_context
+from host.contracts.messages import TokenLogprobs
+from host.contracts.runner_output import ModelRunnerOutput
+from host.contracts.scheduler_output import NewRequestData, SchedulerOutput
 from host.core.config import EngineConfig
-from host.core.engine.protocol import TokenLogprobs
-from host.core.engine.structured_output import bitmask_to_bool
-from host.core.scheduler.output import NewRequestData, SchedulerOutput
-from host.core.worker.forward_context import ForwardContext, set_forward_context
+from host.core.structured_output.worker import bitmask_to_bool
 from host.core.worker.graph_runner import DecodeGraphs
 from host.core.worker.host_staging import HostStaging
 from host.core.worker.input_batch import CachedRequestState, InputBatch, StepInputs
 from host.core.worker.kv_buffer import allocate_kv_buffer
-from host.core.worker.output import ModelRunnerOutput
 from host.core.worker.pipeline import PipelineStage
 from host.core.worker.sampler import LogprobsTensors, Sampler, gather_logprobs, make_metadata, seeded_generator
 from host.core.worker.step_handle import PendingStep, StepTiming
-from host.sdk.attention import AttentionBackend, CommonAttentionMetadata
+from host.interfaces.attention import AttentionBackend, CommonAttentionMetadata
 
 logger = logging.getLogger("host.model_runner")
 

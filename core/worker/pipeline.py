@@ -2,7 +2,7 @@
 
 With ``-pp N`` the model's layers are split into N stages (the model builds only its own:
 ``model.start_layer`` .. ``model.end_layer``, global indices). Every stage gets the same
-:class:`~host.core.scheduler.output.SchedulerOutput` and keeps the same persistent batch; per
+:class:`~host.contracts.scheduler_output.SchedulerOutput` and keeps the same persistent batch; per
 step the first stage embeds the tokens and runs its layers, each later stage receives the
 hidden states and the residual (``[num_tokens, hidden_size]`` each, so the shape is known from
 the plan and nothing else travels) from the stage before it, and only the last stage computes

@@ -3,7 +3,7 @@
 :meth:`Pooler.pool` reduces each prompt's rows of the flattened hidden states with the
 model's :class:`~host.core.pooling_config.PoolerConfig` (MEAN over the prompt's tokens, CLS =
 its first token, LAST = its last token), vectorised over the batch. :meth:`Pooler.finish`
-applies each request's :class:`~host.core.pooling_params.PoolingParams`: ``dimensions``
+applies each request's :class:`~host.contracts.pooling_params.PoolingParams`: ``dimensions``
 (Matryoshka truncation) and then L2 normalisation (``normalize``, or the model's default for
 ``embed`` / ``score``; ``encode`` returns the raw vector unless asked). Vectors are float32.
 """
@@ -14,8 +14,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from host.contracts.pooling_params import PoolingParams
 from host.core.pooling_config import PoolerConfig
-from host.core.pooling_params import PoolingParams
 
 
 class Pooler:

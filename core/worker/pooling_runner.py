@@ -15,11 +15,11 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from host.core.worker.output import ModelRunnerOutput
+from host.contracts.runner_output import ModelRunnerOutput
 from host.core.worker.pooler import Pooler
 
 if TYPE_CHECKING:
-    from host.core.scheduler.output import SchedulerOutput
+    from host.contracts.scheduler_output import SchedulerOutput
     from host.core.worker.model_runner import ModelRunner
 
 logger = logging.getLogger("host.model_runner")

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from host.core.engine.protocol import TokenLogprobs
+    from host.contracts.messages import TokenLogprobs
 
 _GREEDY_EPS = 1e-5
 _TOP_P_CANDIDATES = 1024  # candidate set tried first for top-p rows without a top-k
@@ -88,7 +88,7 @@ class LogprobsTensors:
     def row(self, row: int, k: int) -> "TokenLogprobs":
         """Row ``row`` as the wire's :class:`TokenLogprobs`, with ``k`` top tokens (``-1``: all
         the columns there are)."""
-        from host.core.engine.protocol import TokenLogprobs
+        from host.contracts.messages import TokenLogprobs
 
         width = self.token_ids.shape[1] if k == -1 else 1 + k
         return TokenLogprobs(

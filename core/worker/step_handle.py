@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from host.core.engine.protocol import TokenLogprobs
-from host.core.worker.output import ModelRunnerOutput
+from host.contracts.messages import TokenLogprobs
+from host.contracts.runner_output import ModelRunnerOutput
 from host.core.worker.sampler import LogprobsTensors
 
 if TYPE_CHECKING:

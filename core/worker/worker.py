@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
+from host.contracts.scheduler_output import SchedulerOutput
 from host.core.config import EngineConfig
-from host.core.scheduler.output import SchedulerOutput
 from host.core.worker.model_runner import ModelRunner
 
 logger = logging.getLogger("host.worker")
@@ -131,6 +131,16 @@ class Worker:
         """The step's output, or with ``non_blocking`` a handle whose ``get_output()`` gives it."""
         assert self.model_runner is not None
         return self.model_runner.execute_model(scheduler_output, non_blocking=non_blocking)
+
+    def describe_worker(self) -> dict[str, Any]:
+        """What ``EngineCore.utility_describe`` reports about this worker: platform, attention
+        backend, resident weight bytes."""
+        runner = getattr(self, "model_runner", None)
+        return {
+            "platform": getattr(self.platform, "name", None),
+            "attention_backend": getattr(getattr(runner, "attn_backend", None), "name", None),
+            "weight_bytes": getattr(runner, "resident_weight_bytes", None),
+        }
 
     def shutdown(self) -> None:
         connector = getattr(self.model_runner, "kv_connector", None)

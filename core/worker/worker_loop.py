@@ -9,7 +9,7 @@ every worker reads, and the response queue back to the engine. The loop is the s
    one rank) and ``load_model()``; report ``ready`` (with a short description) or the start-up
    error on the response queue;
 2. read ``(method, args, kwargs, reply_ranks)`` messages; run ``getattr(worker, method)`` (or one
-   of the loop-level calls: ``describe_worker``, ``plugin_records``, ``broadcast_stats``,
+   of the loop-level calls: ``plugin_records``, ``broadcast_stats``,
    ``ping``); when this rank is in ``reply_ranks`` send the result, or the exception's text —
    an exception fails that call, not the worker;
 3. stop on :data:`SHUTDOWN` (or when the engine process goes away: the process that spawned this
@@ -30,17 +30,6 @@ logger = logging.getLogger("host.worker")
 
 SHUTDOWN = "__shutdown__"  # the method name that ends the loop
 READY = -1  # the sequence number of the start-up report on the response queue
-
-
-def describe_worker(worker: Any) -> dict[str, Any]:
-    """What ``EngineCore.utility_describe`` reports about a worker: platform, attention backend,
-    resident weight bytes."""
-    runner = getattr(worker, "model_runner", None)
-    return {
-        "platform": getattr(worker.platform, "name", None),
-        "attention_backend": getattr(getattr(runner, "attn_backend", None), "name", None),
-        "weight_bytes": getattr(runner, "resident_weight_bytes", None),
-    }
 
 
 def plugin_records(rank: int) -> list[dict[str, Any]]:
@@ -77,12 +66,11 @@ class WorkerProc:
             self.close()
             raise
         self.loop_calls: dict[str, Callable[..., Any]] = {
-            "describe_worker": lambda: describe_worker(self.worker),
             "plugin_records": lambda: plugin_records(self.rank),
             "broadcast_stats": lambda: dict(self.broadcast.stats),
             "ping": lambda: os.getpid(),
         }
-        self.responses.send(READY, rank, True, {"pid": os.getpid(), **describe_worker(self.worker)})
+        self.responses.send(READY, rank, True, {"pid": os.getpid(), **self.worker.describe_worker()})
 
     def call(self, method: str, args: tuple, kwargs: dict) -> Any:
         """Run one call: a loop-level call by that name, else the worker's method. A step

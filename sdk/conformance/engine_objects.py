@@ -17,14 +17,14 @@ def engine_config(model: str, kv_connector: str | None = None, kv_role: str = "k
 
 def request(request_id: str, prompt_token_ids: list[int], block_size: int = 8) -> Any:
     """A scheduler :class:`Request` with its block hashes (as the engine builds it)."""
+    from host.contracts.request import Request
     from host.core.kv_cache.hashing import make_block_hasher
-    from host.core.scheduler.request import Request
 
     return Request(request_id, prompt_token_ids, block_hasher=make_block_hasher(block_size))
 
 
 def scheduler_output() -> Any:
     """An empty step plan."""
-    from host.core.scheduler.output import CachedRequestData, SchedulerOutput
+    from host.contracts.scheduler_output import CachedRequestData, SchedulerOutput
 
     return SchedulerOutput([], CachedRequestData(), {}, 0)

@@ -24,7 +24,7 @@ class StatLoggerConformance(RegistrationCheck):
         return None
 
     def test_records_logs_and_shuts_down(self, tmp_path: Any) -> None:
-        from host.core.engine.protocol import SchedulerStats
+        from host.contracts.messages import SchedulerStats
         from host.sdk.stat_logger import FinishedRequestStats, IterationStats, StatLoggerContext
 
         assert self.logger is not None, "set `logger` to your StatLogger subclass"

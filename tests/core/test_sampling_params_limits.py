@@ -10,9 +10,9 @@ import math
 
 import pytest
 
-from host.core.engine.protocol import EngineCoreRequest, encoder, to_engine_decoder
+from host.contracts.messages import EngineCoreRequest, encoder, to_engine_decoder
+from host.contracts.sampling_params import INT64_MAX, INT64_MIN, SamplingParams
 from host.core.frontend.input_processor import InputProcessor
-from host.core.sampling_params import INT64_MAX, INT64_MIN, SamplingParams
 
 FLOATS = ["temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"]
 

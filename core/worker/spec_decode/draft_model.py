@@ -35,9 +35,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from host.core.worker.forward_context import ForwardContext, set_forward_context
+from host.contracts.forward_context import ForwardContext, set_forward_context
 from host.core.worker.spec_decode.proposer import DraftBatch, Proposer
-from host.sdk.attention import CommonAttentionMetadata
+from host.interfaces.attention import CommonAttentionMetadata
 
 logger = logging.getLogger("host.spec_decode")
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from host.core.worker.forward_context import ForwardContext, set_forward_context
+from host.contracts.forward_context import ForwardContext, set_forward_context
 from host.core.worker.spec_decode.draft_model import DraftModelProposer, _Pass
 
 logger = logging.getLogger("host.spec_decode")

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from host.core.engine.protocol import TokenLogprobs
+from host.contracts.messages import TokenLogprobs
 from host.core.worker.sampler import (
     LogprobsTensors,
     Sampler,

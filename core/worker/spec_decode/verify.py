@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from host.core.engine.structured_output import bitmask_to_bool
-from host.core.worker.output import ModelRunnerOutput
+from host.contracts.runner_output import ModelRunnerOutput
+from host.core.structured_output.worker import bitmask_to_bool
 from host.core.worker.spec_decode.proposer import DraftBatch, make_proposer
 from host.core.worker.spec_decode.rejection_sampler import RejectionSampler
 from host.core.worker.step_handle import StepTiming
 
 if TYPE_CHECKING:
-    from host.core.scheduler.output import SchedulerOutput
+    from host.contracts.scheduler_output import SchedulerOutput
     from host.core.worker.model_runner import ModelRunner
 
 logger = logging.getLogger("host.spec_decode")

@@ -14,7 +14,7 @@ import torch
 
 from helpers import hf_greedy, hf_model
 from host import LLM, SamplingParams
-from host.core.scheduler.request import Request
+from host.contracts.request import Request
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,8 @@ import pytest
 
 from helpers import hf_greedy, hf_model
 from host import LLM, SamplingParams
+from host.contracts.request import Request, RequestStatus
 from host.core.engine.batch_queue import BatchQueue
-from host.core.scheduler.request import Request, RequestStatus
 
 DEPTH = 3
 

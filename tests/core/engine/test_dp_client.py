@@ -12,8 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from helpers import hf_greedy, hf_model
 from host import LLM, SamplingParams
+from host.contracts.messages import EngineCoreOutputs, SchedulerStats, encoder, from_engine_decoder
 from host.core.engine.dp_client import UTILITY_POLICY, engine_config, sum_stats
-from host.core.engine.protocol import EngineCoreOutputs, SchedulerStats, encoder, from_engine_decoder
 from host.core.engine_args import EngineArgs
 from host.core.frontend.stat_loggers import StatLoggerManager
 from host.plugins.stat_loggers import LoggingStatLogger, PrometheusStatLogger

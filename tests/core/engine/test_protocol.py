@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from host.core.engine.protocol import (
+from host.contracts.messages import (
     AbortRequests,
     EngineCoreOutput,
     EngineCoreOutputs,
@@ -20,7 +20,7 @@ from host.core.engine.protocol import (
     from_engine_decoder,
     to_engine_decoder,
 )
-from host.core.sampling_params import SamplingParams, StructuredOutputsParams
+from host.contracts.sampling_params import SamplingParams, StructuredOutputsParams
 
 
 def test_request_round_trip_rebuilds_sampling_params():

@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from host import LLM, SamplingParams
-from host.core.engine.structured_output import bitmask_to_bool, choice_grammar
-from host.core.scheduler.request import RequestStatus
+from host.contracts.request import RequestStatus
+from host.core.structured_output.engine import choice_grammar
+from host.core.structured_output.worker import bitmask_to_bool
 
 SCHEMA = {
     "type": "object",
@@ -97,7 +98,7 @@ def test_grammar_compiles_off_the_scheduling_thread(llm):
 
     manager._compile = gated
     try:
-        from host.core.scheduler.request import Request
+        from host.contracts.request import Request
 
         constrained = Request("so", [1, 2, 3], SamplingParams(max_tokens=3, structured_outputs={"choice": ["ab", "cd"]}))
         plain = Request("plain", [4, 5, 6], SamplingParams(max_tokens=3, ignore_eos=True))
@@ -160,8 +161,8 @@ def test_grammar_applies_only_after_the_reasoning_end_tokens(llm):
 def test_reasoning_end_is_a_token_sequence_and_may_be_in_the_prompt():
     from concurrent.futures import Future
 
-    from host.core.engine.structured_output import StructuredOutputRequest, contains
-    from host.core.sampling_params import StructuredOutputsParams
+    from host.contracts.sampling_params import StructuredOutputsParams
+    from host.core.structured_output.engine import StructuredOutputRequest, contains
 
     so = StructuredOutputRequest(StructuredOutputsParams(json_object=True, reasoning_end_token_ids=[5, 6]), Future())
     for tok, active in ((5, False), (7, False), (6, False), (5, False), (6, True)):

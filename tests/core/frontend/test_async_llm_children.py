@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import asyncio
 
+from host.contracts.sampling_params import SamplingParams
 from host.core.engine_args import EngineArgs
 from host.core.frontend.async_llm import AsyncLLM
-from host.core.sampling_params import SamplingParams
 
 
 async def _settled(llm: AsyncLLM, timeout: float = 2.0):

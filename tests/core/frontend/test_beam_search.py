@@ -14,11 +14,11 @@ import torch
 
 from helpers import hf_beams, hf_model
 from host import LLM
+from host.contracts.sampling_params import SamplingParams
 from host.core.engine_args import EngineArgs
 from host.core.frontend.async_llm import AsyncLLM
 from host.core.frontend.beam_search import BeamSearch, BeamSearchParams
 from host.core.models.default_model import default_model_path
-from host.core.sampling_params import SamplingParams
 
 BLOCK = 16
 

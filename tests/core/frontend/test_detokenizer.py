@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from host.contracts.sampling_params import SamplingParams
 from host.core.frontend.detokenizer import IncrementalDetokenizer, check_stop_strings
-from host.core.sampling_params import SamplingParams
 
 
 @pytest.fixture(scope="module")

@@ -1,9 +1,9 @@
 """kv_transfer_params through the front end: a request's params reach every engine request of
 its ``n`` samples, and the engine's answer on a final output lands on the prompt's result."""
 
-from host.core.engine.protocol import EngineCoreOutput, EngineCoreRequest
+from host.contracts.messages import EngineCoreOutput, EngineCoreRequest
+from host.contracts.sampling_params import SamplingParams
 from host.core.frontend.output_processor import OutputProcessor
-from host.core.sampling_params import SamplingParams
 
 
 def test_params_fan_out_and_the_answer_comes_back():

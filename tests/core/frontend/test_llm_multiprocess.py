@@ -12,8 +12,8 @@ import pytest
 
 from helpers import hf_greedy, hf_model
 from host import LLM, SamplingParams
+from host.contracts.messages import encoder
 from host.core.engine.client import EngineDeadError, SyncMPClient
-from host.core.engine.protocol import encoder
 
 PROMPTS = [[5, 17, 42, 99, 3, 250, 7], [11, 12, 13], list(range(20, 60))]
 NEW = 10

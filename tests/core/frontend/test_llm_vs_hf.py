@@ -141,7 +141,7 @@ def test_abort_and_bad_input_free_blocks(tiny_models):
         # the first prompt is fine and already queued when the second is rejected
         llm.generate([{"prompt_token_ids": [5, 6]}, {"prompt_token_ids": list(range(3, 100))}])
     assert_no_leaked_blocks(llm)
-    from host.core.scheduler.request import Request
+    from host.contracts.request import Request
 
     llm.engine.add_request(Request("x", [5, 6, 7], SamplingParams(max_tokens=50, ignore_eos=True)))
     llm.engine.step()

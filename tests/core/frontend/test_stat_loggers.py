@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from host.core.engine.protocol import (
+from host.contracts.messages import (
     EVENT_PREEMPTED,
     EVENT_QUEUED,
     EVENT_SCHEDULED,
@@ -19,9 +19,9 @@ from host.core.engine.protocol import (
     encoder,
     from_engine_decoder,
 )
+from host.contracts.sampling_params import SamplingParams
 from host.core.frontend.output_processor import OutputProcessor
 from host.core.frontend.stat_loggers import StatLoggerManager, finished_stats, parse_stat_logger_specs, select_stat_loggers
-from host.core.sampling_params import SamplingParams
 from host.sdk import StatLogger
 from host.sdk.stat_logger import StatLoggerContext
 

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from host.contracts.request import Request
 from host.core.kv_cache.block_pool import BlockPool, FreeBlockQueue, KVCacheBlock
 from host.core.kv_cache.hashing import (
     NONE_HASH,
@@ -16,7 +17,6 @@ from host.core.kv_cache.hashing import (
     hash_token_blocks,
     make_block_hasher,
 )
-from host.core.scheduler.request import Request
 
 
 def ids(blocks):

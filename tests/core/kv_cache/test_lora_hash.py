@@ -11,11 +11,11 @@ import json
 
 import pytest
 
+from host.contracts.lora_request import LoRARequest
+from host.contracts.request import Request
 from host.core.kv_cache.hashing import block_extra_keys, hash_token_blocks, make_block_hasher
 from host.core.kv_cache.manager import KVCacheManager
 from host.core.lora.adapter import adapter_digest
-from host.core.lora.request import LoRARequest
-from host.core.scheduler.request import Request
 
 BS = 4
 PROMPT = list(range(100, 118))  # 4 full blocks and 2 tokens

@@ -6,20 +6,17 @@ import dataclasses
 
 import pytest
 
+from host.contracts.request import Request
 from host.core.kv_cache.hashing import make_block_hasher
-from host.core.kv_cache.manager import KVCacheManager
+from host.core.kv_cache.manager import KVCacheManager, check_kv_cache_specs, get_manager_class, register_kv_cache_manager
 from host.core.kv_cache.spec import (
     AttentionSpec,
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheSpec,
     SlidingWindowSpec,
-    check_kv_cache_specs,
-    get_manager_class,
     num_blocks_from_memory,
-    register_kv_cache_manager,
 )
-from host.core.scheduler.request import Request
 
 BS = 4
 

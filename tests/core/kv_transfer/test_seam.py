@@ -301,7 +301,7 @@ def test_preempted_and_aborted_requests_hand_nothing_off(tiny, reference):
         while engine.has_unfinished_requests():
             engine.step()
         finished.clear()
-        from host.core.engine.protocol import EngineCoreRequest
+        from host.contracts.messages import EngineCoreRequest
 
         for rid, p in (("queued", ps[4]), ("mid-prefill", ps[5])):
             engine.add_request(EngineCoreRequest(rid, p, SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)))

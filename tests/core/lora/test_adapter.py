@@ -11,9 +11,9 @@ import msgspec
 import pytest
 import torch
 
+from host.contracts.lora_request import LoRARequest
 from host.core.config import LoRAConfig
 from host.core.lora.adapter import adapter_digest, read_adapter
-from host.core.lora.request import LoRARequest
 
 TINY_HF = pytest.importorskip("transformers").LlamaConfig(
     hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96, num_hidden_layers=2)

@@ -156,9 +156,9 @@ def test_a_bad_adapter_is_refused_before_it_reaches_the_engine(llm, setup):
 
 
 def test_the_adapter_crosses_the_engine_wire_unchanged(llm, setup):
-    """The multiprocess clients send EngineCoreRequest as msgpack (core/engine/protocol.py): the
+    """The multiprocess clients send EngineCoreRequest as msgpack (contracts/messages.py): the
     adapter, digest included, arrives as it left."""
-    from host.core.engine.protocol import EngineCoreRequest, encoder, to_engine_decoder
+    from host.contracts.messages import EngineCoreRequest, encoder, to_engine_decoder
 
     request = llm.input_processor.process("w", [5, 6, 7], SamplingParams(max_tokens=2),
                                           lora_request=LoRARequest("mlp16", 3, setup["paths"]["mlp16"]))

@@ -9,13 +9,13 @@ import pytest
 import torch
 from torch import nn
 
+from host.contracts.forward_context import ForwardContext, set_forward_context
+from host.contracts.lora_request import LoRARequest
 from host.core.config import LoRAConfig
 from host.core.lora.adapter import adapter_digest
 from host.core.lora.layers import LoRALinear, wrap_model
 from host.core.lora.punica import build_mapping, lora_shrink_expand_torch
-from host.core.lora.request import LoRARequest
 from host.core.lora.slots import LoRASlots
-from host.core.worker.forward_context import ForwardContext, set_forward_context
 
 transformers = pytest.importorskip("transformers")
 TINY_HF = transformers.LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,

@@ -2,10 +2,10 @@
 pipeline): a block freed while a step planned earlier is unprocessed stays allocated until that
 step is processed, so a load into a reallocated block can never race the step's write."""
 
+from host.contracts.request import Request
 from host.core.config import KVTransferConfig
 from host.core.kv_cache.manager import KVCacheManager
 from host.core.scheduler.kv_transfer import KVTransferState
-from host.core.scheduler.request import Request
 from host.sdk.kv_connector import KVConnector, KVConnectorRole
 
 

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import pytest
 
+from host.contracts.lora_request import LoRARequest
+from host.contracts.request import Request, RequestStatus
+from host.contracts.runner_output import ModelRunnerOutput
+from host.contracts.sampling_params import SamplingParams
+from host.contracts.scheduler_output import SchedulerOutput
 from host.core.config import CacheConfig, LoRAConfig, SchedulerConfig
 from host.core.kv_cache.manager import KVCacheManager
-from host.core.lora.request import LoRARequest
-from host.core.sampling_params import SamplingParams
 from host.core.scheduler.lora_admission import LoRAAdmission, adapter_key
-from host.core.scheduler.output import SchedulerOutput
-from host.core.scheduler.request import Request, RequestStatus
 from host.core.scheduler.scheduler import Scheduler
-from host.core.worker.output import ModelRunnerOutput
 
 BS = 4
 A = LoRARequest("a", 1, "/adapters/a", "d-a")

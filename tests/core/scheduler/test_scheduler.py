@@ -11,14 +11,14 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from host.contracts.request import Request, RequestStatus
+from host.contracts.runner_output import ModelRunnerOutput
+from host.contracts.sampling_params import SamplingParams
+from host.contracts.scheduler_output import SchedulerOutput
 from host.core.config import CacheConfig, SchedulerConfig
 from host.core.kv_cache.manager import KVCacheManager
-from host.core.sampling_params import SamplingParams
-from host.core.scheduler.output import SchedulerOutput
 from host.core.scheduler.policy import FCFSRequestQueue, PriorityRequestQueue, create_request_queue
-from host.core.scheduler.request import Request, RequestStatus
 from host.core.scheduler.scheduler import Scheduler
-from host.core.worker.output import ModelRunnerOutput
 
 EOS = 2
 

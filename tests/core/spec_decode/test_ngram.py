@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from host import SamplingParams
+from host.contracts.request import Request
 from host.core.config import SpeculativeConfig
-from host.core.scheduler.request import Request
 from host.core.scheduler.spec_decode import SpecDecodeScheduling
 from host.core.worker.spec_decode.ngram import propose_ngram
 

@@ -9,8 +9,8 @@ import types
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from host.contracts.messages import SchedulerStats
 from host.core.config import SpeculativeConfig
-from host.core.engine.protocol import SchedulerStats
 from host.plugins.stat_loggers.logging_logger import LoggingStatLogger
 from host.plugins.stat_loggers.prometheus import PrometheusStatLogger
 from host.sdk.stat_logger import StatLoggerContext

@@ -20,9 +20,9 @@ import torch
 import xgrammar as xgr
 
 from host import LLM, SamplingParams
-from host.core.engine.structured_output import StructuredOutputManager
-from host.core.sampling_params import StructuredOutputsParams
-from host.core.scheduler.request import Request
+from host.contracts.request import Request
+from host.contracts.sampling_params import StructuredOutputsParams
+from host.core.structured_output.engine import StructuredOutputManager
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3,
          "auto_off_threshold": 0}  # drafting never switches off: every step verifies what ngram finds

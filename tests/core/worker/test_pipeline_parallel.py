@@ -16,7 +16,7 @@ import pytest
 
 from helpers import hf_greedy, hf_model
 from host import LLM, SamplingParams
-from host.core.scheduler.request import Request
+from host.contracts.request import Request
 
 ENGINE = dict(skip_tokenizer_init=True, max_model_len=64, max_num_batched_tokens=24, max_num_seqs=8, block_size=4)
 NEW = 8

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from host.core.sampling_params import SamplingParams, StructuredOutputsParams
+from host.contracts.sampling_params import SamplingParams, StructuredOutputsParams
 from host.core.worker.sampler import Sampler, apply_logits_processors, make_metadata
 
 VOCAB = 12

@@ -13,8 +13,8 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 pytest.importorskip("triton")
+from host.contracts.sampling_params import SamplingParams  # noqa: E402
 from host.core.config import CompilationConfig  # noqa: E402
-from host.core.sampling_params import SamplingParams  # noqa: E402
 from host.core.worker.sampler import Sampler, make_metadata, seeded_generator  # noqa: E402
 from host.plugins.builtin_cuda.platform import CudaPlatform  # noqa: E402
 from host.plugins.triton_ops import sampling as triton_sampling  # noqa: E402

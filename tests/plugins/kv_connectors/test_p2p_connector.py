@@ -15,8 +15,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from host.contracts.request import Request, RequestStatus
 from host.core.config import CacheConfig, EngineConfig, KVTransferConfig, ModelConfig
-from host.core.scheduler.request import Request, RequestStatus
 from host.plugins.kv_connectors.p2p import P2PConnector
 from host.plugins.kv_connectors.p2p import transfer as transfer_mod
 from host.plugins.kv_connectors.p2p.client import call

@@ -14,7 +14,7 @@ import pytest
 
 from helpers import hf_greedy, hf_model
 from host import LLM, SamplingParams
-from host.core.engine.protocol import EngineCoreRequest
+from host.contracts.messages import EngineCoreRequest
 
 COMMON = dict(skip_tokenizer_init=True, max_model_len=96, max_num_batched_tokens=64, max_num_seqs=6, block_size=8)
 DECODE = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)

@@ -95,8 +95,8 @@ def test_a_restarted_engine_loads_the_saved_blocks_and_keeps_the_tokens(tiny, wa
 
 def _hashes(llm, tokens):
     """The engine's chained block hashes of ``tokens`` (a real Request with the scheduler's hasher)."""
+    from host.contracts.request import Request
     from host.core.kv_cache.hashing import make_block_hasher
-    from host.core.scheduler.request import Request
 
     return Request("h", list(tokens), GREEDY, block_hasher=make_block_hasher(8)).block_hashes
 

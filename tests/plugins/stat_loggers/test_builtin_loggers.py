@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from host.core.engine.protocol import SchedulerStats
+from host.contracts.messages import SchedulerStats
 from host.plugins.stat_loggers.jsonl import JsonlStatLogger
 from host.plugins.stat_loggers.logging_logger import LoggingStatLogger
 from host.plugins.stat_loggers.prometheus import PrometheusStatLogger, build_1_2_5_buckets

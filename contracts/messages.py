@@ -18,8 +18,8 @@ from typing import Any, Union
 
 import msgspec
 
-from host.core.lora.request import LoRARequest
-from host.core.sampling_params import SamplingParams
+from host.contracts.lora_request import LoRARequest
+from host.contracts.sampling_params import SamplingParams
 
 
 class EngineCoreRequest(msgspec.Struct, tag="add", omit_defaults=True):
@@ -48,7 +48,7 @@ class EngineCoreRequest(msgspec.Struct, tag="add", omit_defaults=True):
         if isinstance(self.sampling_params, dict):
             self.sampling_params = SamplingParams(**self.sampling_params)
         if isinstance(self.pooling_params, dict):
-            from host.core.pooling_params import PoolingParams
+            from host.contracts.pooling_params import PoolingParams
 
             self.pooling_params = PoolingParams(**self.pooling_params)
 

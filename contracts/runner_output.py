@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from host.core.engine.protocol import TokenLogprobs
+from host.contracts.messages import TokenLogprobs
 
 
 @dataclass

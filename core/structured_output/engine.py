@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from host.core.sampling_params import StructuredOutputsParams
+from host.contracts.sampling_params import StructuredOutputsParams
 
 if TYPE_CHECKING:
-    from host.core.scheduler.request import Request
+    from host.contracts.request import Request
 
 logger = logging.getLogger("host.structured_output")
 
@@ -212,10 +212,3 @@ class StructuredOutputManager:
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
-
-
-def bitmask_to_bool(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Unpack int32 bitmask rows ``[n, words]`` into bool ``[n, vocab]`` (True = allowed)."""
-    shifts = torch.arange(32, dtype=torch.int32)
-    bits = (bitmask.unsqueeze(-1) >> shifts) & 1
-    return bits.reshape(bitmask.shape[0], -1)[:, :vocab].bool()

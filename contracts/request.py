@@ -8,14 +8,19 @@ from __future__ import annotations
 
 import enum
 import time
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, NewType
 
-from host.core.sampling_params import SamplingParams
+from host.contracts.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from host.core.engine.protocol import EngineCoreRequest
-    from host.core.kv_cache.hashing import BlockHash, BlockHasher
-    from host.core.lora.request import LoRARequest
+    from host.contracts.lora_request import LoRARequest
+    from host.contracts.messages import EngineCoreRequest
+
+BlockHash = NewType("BlockHash", bytes)
+"""The chained hash of one full KV block (computed by :mod:`host.core.kv_cache.hashing`)."""
+
+BlockHasher = Callable[["Request"], list[BlockHash]]
+"""Computes a request's block hashes not yet in ``request.block_hashes`` (set by the scheduler)."""
 
 
 class RequestStatus(enum.IntEnum):
