@@ -149,7 +149,7 @@ class SchedulerStats(msgspec.Struct, omit_defaults=True):
     # num_accepted_tokens, num_accepted_tokens_per_pos: a list by draft position); else None
     spec_decoding: dict[str, Any] | None = None
     # --enable-lora: {"max_lora": N, "running": {name: requests}, "waiting": {name: requests}}
-    # (core/scheduler/lora_admission.py:lora_stats); else None
+    # (core/lora/scheduler.py:lora_stats); else None
     lora_stats: dict[str, Any] | None = None
 
 

@@ -2,7 +2,7 @@
 
 A request carries :class:`PoolingParams` in place of sampling parameters. The engine runs its
 whole prompt in one step, the worker's pooler reduces the last hidden states to one vector
-(:mod:`host.core.worker.pooler`), and the request finishes in that step with its blocks freed.
+(:mod:`host.core.pooling.pooler`), and the request finishes in that step with its blocks freed.
 
 Every bad value raises ``ValueError`` naming the field and what it must be. Checks that need
 the model (``dimensions`` against the hidden size) run in :meth:`PoolingParams.verify`, which

@@ -306,7 +306,7 @@ class EngineArgs:
             ),
         )
         if config.speculative is not None:
-            from host.core.scheduler.spec_decode import check_speculative_support
+            from host.core.spec_decode.scheduler import check_speculative_support
 
             check_speculative_support(config, async_explicit=self.async_scheduling is not None)
         check_pooling_support(config)

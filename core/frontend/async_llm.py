@@ -217,7 +217,7 @@ class AsyncLLM:
         """Pool one prompt (token ids, a string, or ``{"prompt_token_ids": [...]}``) with a
         pooling model: yields one finished :class:`host.PoolingRequestOutput`. ``kwargs`` are
         :meth:`generate`'s (``priority``, ``deadline``, ``check_queue``). docs/pooling.md"""
-        from host.core.frontend.pooling import encode_async
+        from host.core.pooling.frontend import encode_async
 
         return encode_async(self, prompt, pooling_params, request_id, **kwargs)
 

@@ -192,9 +192,9 @@ class InputProcessor:
         processor). Prepares the params (``bad_words``) and validates everything, the LoRA
         adapter included (its digest filled, see :func:`host.core.lora.adapter.read_adapter`).
         With ``pooling_params`` (or on a pooling model) a pooling request instead
-        (:func:`host.core.frontend.pooling.pooling_request`)."""
+        (:func:`host.core.pooling.frontend.pooling_request`)."""
         if pooling_params is not None or self.runner == "pooling":
-            from host.core.frontend.pooling import pooling_request
+            from host.core.pooling.frontend import pooling_request
 
             if lora_request is not None:
                 raise ValueError("lora_request is not supported for pooling requests; drop it")

@@ -147,7 +147,7 @@ class LLM:
         one :class:`host.PoolingRequestOutput` per prompt, in order (``.outputs.data``).
         ``pooling_params``: one :class:`host.PoolingParams` for all, one per prompt, or ``None``
         (``task="embed"``). docs/pooling.md"""
-        from host.core.frontend.pooling import encode_offline
+        from host.core.pooling.frontend import encode_offline
 
         return encode_offline(self, prompts, pooling_params)
 
@@ -155,7 +155,7 @@ class LLM:
         """Embed every prompt: one :class:`host.EmbeddingRequestOutput` per prompt, in order
         (``.outputs.embedding``, normalized as the model's pooler says unless
         ``PoolingParams(normalize=...)``). docs/pooling.md"""
-        from host.core.frontend.pooling import embed_offline
+        from host.core.pooling.frontend import embed_offline
 
         return embed_offline(self, prompts, pooling_params)
 

@@ -25,16 +25,19 @@ from host.contracts.messages import (
 )
 from host.contracts.request import Request, RequestStatus
 from host.contracts.runner_output import ModelRunnerOutput
-from host.contracts.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
+from host.contracts.scheduler_output import SchedulerOutput
 from host.core.config import CacheConfig, SchedulerConfig
-from host.core.kv_cache.block_pool import KVCacheBlock
 from host.core.kv_cache.hashing import make_block_hasher
 from host.core.kv_cache.manager import KVCacheManager
-from host.core.scheduler.kv_transfer import KVTransferState
-from host.core.scheduler.lora_admission import LoRAAdmission, lora_stats
+from host.core.kv_transfer.scheduler import KVTransferFeature
+from host.core.lora.scheduler import LoRAFeature
+from host.core.pooling.scheduler import PoolingFeature
+from host.core.scheduler.feature import WAIT, SchedulerFeature, overriding
+from host.core.scheduler.kv_source import KVSource
 from host.core.scheduler.policy import create_request_queue
-from host.core.scheduler.pooling import finish_pooled
-from host.core.scheduler.spec_decode import SpecDecodeScheduling
+from host.core.scheduler.step_plan import StepPlan
+from host.core.spec_decode.scheduler import SpecDecodeFeature
+from host.core.structured_output.scheduler import StructuredOutputFeature
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +50,9 @@ class Scheduler:
     """Continuous-batching scheduler over one :class:`KVCacheManager`.
 
     ``schedule()`` plans a step, the executor runs it, ``update_from_output()`` appends the
-    sampled tokens, applies stop conditions and frees finished requests' blocks.
+    sampled tokens, applies stop conditions and frees finished requests' blocks. Features take
+    part through their :class:`SchedulerFeature` seam (``features``; by default built from the
+    LoRA, speculative and KV-transfer configs, see :func:`default_features`).
     """
 
     def __init__(
@@ -61,6 +66,7 @@ class Scheduler:
         steps_in_flight: bool = False,
         lora_config: Any = None,
         speculative_config: Any = None,
+        features: Iterable[SchedulerFeature] | None = None,
     ) -> None:
         if cache_config.block_size != kv_cache_manager.block_size:
             raise ValueError(
@@ -96,23 +102,32 @@ class Scheduler:
         self.num_preemptions = 0
         # each request's queued / scheduled / preempted moments not yet sent (the latency metrics)
         self._events: dict[str, list[EngineCoreEvent]] = {}
-        # a KV connector keys external blocks by the same chained hashes
-        hashing = kv_cache_manager.enable_caching or kv_connector is not None
+        # the features' seams (feature.py): drafts, adapters, KV transfer, pooling, grammars
+        if features is None:
+            features = default_features(
+                kv_cache_manager, self.max_model_len, kv_connector, kv_transfer_config, steps_in_flight,
+                lora_config, speculative_config,
+            )
+        self.features: list[SchedulerFeature] = list(features)
+        for feature in self.features:
+            feature.bind(self)
+        # where external KV comes from and who frees blocks: a feature's own source, or the local cache
+        self.kv_source: KVSource = next((f for f in self.features if isinstance(f, KVSource)), KVSource(kv_cache_manager))
+        self.kv_lookahead = max((f.kv_lookahead for f in self.features), default=0)
+        self._admitters = overriding(self.features, "admit")
+        self._contributors = overriding(self.features, "contribute")
+        self._output_takers = overriding(self.features, "take_output")
+        self._token_takers = overriding(self.features, "take_tokens")
+        hashing = kv_cache_manager.enable_caching or self.kv_source.hashes_blocks
         self._block_hasher = make_block_hasher(self.block_size) if hashing else None
-        # the KV connector's scheduler role and its state (None without --kv-transfer-config);
-        # with steps in flight (asynchronous scheduling, pipeline) frees wait for them
-        self.kv_transfer = (
-            KVTransferState(kv_connector, kv_transfer_config, kv_cache_manager, steps_in_flight)
-            if kv_connector is not None else None
-        )
         self.num_prompt_tokens_computed = 0  # prompt tokens run through the model (not cache hits)
         # pipeline parallelism: the first stage never sees sampled tokens, so the plan carries
         # each running request's input tokens (CachedRequestData.new_token_ids)
         self.send_token_ids = send_token_ids
-        # --enable-lora: the running requests use at most max_loras adapters (lora_admission.py)
-        self.lora_admission = LoRAAdmission(lora_config.max_loras) if lora_config is not None else None
-        # --speculative-config: draft trimming, rollback, acceptance counts (spec_decode.py)
-        self.spec_decode = SpecDecodeScheduling(speculative_config, self.max_model_len) if speculative_config is not None else None
+
+    def feature(self, name: str) -> SchedulerFeature | None:
+        """The feature of that name, if it runs (``"spec_decode"``, ``"lora"``, ``"kv_transfer"``, ...)."""
+        return next((f for f in self.features if f.name == name), None)
 
     # -- requests in and out ------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -182,7 +197,7 @@ class Scheduler:
     def has_pending_kv_transfers(self) -> bool:
         """KV a connector still moves for requests (loads in flight, blocks held for a consumer):
         the engine keeps stepping, idle or not, until the workers report them."""
-        return self.kv_transfer is not None and self.kv_transfer.has_pending()
+        return self.kv_source.has_pending()
 
     def has_finished_requests(self) -> bool:
         """Finished ids not yet sent to the runner (a step is needed to tell it)."""
@@ -201,229 +216,24 @@ class Scheduler:
         Requests in ``in_flight`` (in a launched step whose output is not processed yet: the
         pipeline's batch queue) sit this step out, running or preempted; ``max_num_reqs`` caps
         the requests of this step (the batch queue splits them over the pipeline's steps)."""
-        req_limit = self.max_num_running_reqs if max_num_reqs is None else max_num_reqs
-        cfg = self.scheduler_config
-        chunked = cfg.enable_chunked_prefill
-        kv = self.kv_cache_manager
-        token_budget = self.max_num_scheduled_tokens
-        num_scheduled: dict[str, int] = {}
-        new_blocks_of: dict[str, list[KVCacheBlock]] = {}
-        scheduled_running: list[Request] = []
-        scheduled_new: list[Request] = []
-        preempted: list[Request] = []
-        spec_tokens: dict[str, list[int]] = {}  # the drafts each decode verifies this step
-
-        threshold = cfg.long_prefill_token_threshold if chunked else 0
+        plan = StepPlan(self.max_num_scheduled_tokens, self.max_num_running_reqs if max_num_reqs is None else max_num_reqs)
+        threshold = self.scheduler_config.long_prefill_token_threshold if self.scheduler_config.enable_chunked_prefill else 0
         if len(self.running) + len(self.waiting) <= 1:
             threshold = 0  # nobody to starve
-        # prefill chunks leave one token for every decode behind them in the running list
-        decodes_behind = sum(1 for r in self.running if r.num_tokens_planned - r.num_computed_tokens == 1)
+        self._schedule_running(plan, in_flight, threshold)
+        for feature in self._admitters:
+            feature.begin_admissions(self.running)
+        if not plan.preempted:  # a step that had to preempt admits nobody: memory is short
+            self._schedule_waiting(plan, in_flight, threshold)
 
-        # 1. running requests
-        req_index = 0
-        while req_index < len(self.running) and token_budget > 0 and len(num_scheduled) < req_limit:
-            request = self.running[req_index]
-            remaining = request.num_tokens_planned - request.num_computed_tokens
-            is_decode = remaining == 1
-            if request.request_id in in_flight or (request.num_output_placeholders and self._done_once_returned(request)):
-                # in an unprocessed step of the pipeline, or its token in flight reaches
-                # max_tokens / max_model_len: nothing more to run now
-                if is_decode:
-                    decodes_behind -= 1
-                req_index += 1
-                continue
-            if is_decode:
-                decodes_behind -= 1
-            num_new = min(remaining, self.max_model_len - request.num_computed_tokens)
-            if threshold > 0:
-                num_new = min(num_new, threshold)
-            num_new = min(num_new, token_budget - (0 if is_decode else decodes_behind))
-            if num_new <= 0 or (not chunked and num_new < remaining):
-                req_index += 1
-                continue
-            drafts = self.spec_decode.drafts_for(request, token_budget, len(self.running)) if self.spec_decode and is_decode else []
-            num_new += len(drafts)
-
-            new_blocks = None
-            delay_cache = self.kv_transfer is not None and self.kv_transfer.loading_sync(request.request_id)
-            # a model drafter writes KV up to kv_lookahead slots past this step's tokens: room for them when free
-            ahead = min(self.spec_decode.spec.kv_lookahead, self.max_model_len - request.num_computed_tokens - num_new) if self.spec_decode else 0
-            while True:
-                new_blocks = kv.allocate_slots(request, num_new + ahead, delay_cache=delay_cache) if ahead > 0 else None
-                if new_blocks is None:
-                    new_blocks = kv.allocate_slots(request, num_new, delay_cache=delay_cache)
-                if new_blocks is not None:
-                    break
-                victim = self.waiting.select_victim(self.running)
-                if victim is request and len(self.running) == 1:
-                    if self._blocks_held_elsewhere():
-                        break  # a KV connector still holds blocks: wait for them this step
-                    # alone and still out of blocks: it can never grow further
-                    self._cap_for_kv_exhaustion(request)
-                    break
-                idx = self.running.index(victim)
-                del self.running[idx]
-                if idx < req_index:
-                    req_index -= 1
-                elif idx > req_index and victim.num_tokens_planned - victim.num_computed_tokens == 1:
-                    decodes_behind -= 1
-                if victim.request_id in num_scheduled:
-                    # scheduled earlier in this step: give its tokens back to the budget
-                    token_budget += num_scheduled.pop(victim.request_id)
-                    spec_tokens.pop(victim.request_id, None)
-                    new_blocks_of.pop(victim.request_id, None)
-                    scheduled_running.remove(victim)
-                self._preempt_request(victim)
-                preempted.append(victim)
-                if victim is request:
-                    break
-            if new_blocks is None:
-                break
-            scheduled_running.append(request)
-            new_blocks_of[request.request_id] = new_blocks
-            num_scheduled[request.request_id] = num_new
-            if drafts:
-                spec_tokens[request.request_id] = drafts
-            token_budget -= num_new
-            req_index += 1
-
-        # 2. waiting requests (not in a step that had to preempt: memory is short)
-        skipped: list[Request] = []  # still compiling their grammar: stay queued, in order
-        if self.lora_admission is not None:
-            self.lora_admission.begin(self.running)
-        if not preempted:
-            while (self.waiting and token_budget > 0 and len(self.running) < self.max_num_running_reqs
-                   and len(num_scheduled) < req_limit):
-                request = self.waiting.peek_request()
-                if request.request_id in in_flight:  # preempted while its step is unprocessed
-                    skipped.append(self.waiting.pop_request())
-                    continue
-                if request.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR:
-                    if not request.structured_output.ready():
-                        skipped.append(self.waiting.pop_request())
-                        continue
-                    if request.structured_output.error is not None:
-                        self.waiting.pop_request()
-                        self._fail_request(request, request.structured_output.error)
-                        continue
-                    request.status = RequestStatus.WAITING
-                if self.lora_admission is not None and not self.lora_admission.admits(request):
-                    skipped.append(self.waiting.pop_request())  # one adapter too many: waits in place
-                    continue
-                num_ext, load_async = 0, False
-                if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
-                    loaded = self.kv_transfer.ready(request)
-                    if loaded is None:  # still loading: the batch goes on without it
-                        skipped.append(self.waiting.pop_request())
-                        continue
-                    request.status = RequestStatus.WAITING
-                    if not loaded and not self._after_failed_remote_load(request):
-                        continue  # failed, per kv_load_failure_policy=fail
-                if kv.get_blocks(request.request_id):
-                    hit_blocks, num_hit = [], request.num_computed_tokens  # loaded by a connector
-                else:
-                    hit_blocks, num_hit = kv.get_computed_blocks(request)
-                    if self.kv_transfer is not None:
-                        num_ext, load_async = self.kv_transfer.match(request, num_hit)
-                        if num_ext is None:  # the connector does not know yet: ask next step
-                            skipped.append(self.waiting.pop_request())
-                            continue
-                if num_ext and load_async:
-                    if kv.allocate_slots(request, num_ext, hit_blocks, num_hit, delay_cache=True) is None:
-                        break
-                    self.waiting.pop_request()
-                    request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
-                    self.kv_transfer.start_async_load(request, num_hit, num_ext)
-                    skipped.append(request)
-                    continue
-                # a synchronous load fills its blocks in this very step; the prompt's last token
-                # is always computed (its logits)
-                num_loaded = min(num_ext, request.num_tokens - 1 - num_hit)
-                num_new = request.num_tokens - num_hit - num_loaded
-                if chunked:
-                    if threshold > 0:
-                        num_new = min(num_new, threshold)
-                    num_new = min(num_new, token_budget)
-                elif num_new > token_budget:
-                    break
-                ahead = 0 if num_ext or not self.spec_decode else min(
-                    self.spec_decode.spec.kv_lookahead, self.max_model_len - num_hit - num_new)  # as for running requests
-                new_blocks = kv.allocate_slots(
-                    request, num_new + ahead, hit_blocks, len(hit_blocks) * self.block_size) if ahead > 0 else None
-                if new_blocks is None:
-                    new_blocks = kv.allocate_slots(
-                        request, num_loaded + num_new, hit_blocks, len(hit_blocks) * self.block_size, delay_cache=num_ext > 0
-                    )
-                if new_blocks is None:
-                    if not self.running and not self._blocks_held_elsewhere():
-                        # every block is free and it still does not fit: it never will
-                        self.waiting.pop_request()
-                        self._cap_for_kv_exhaustion(request)
-                        continue
-                    break
-                self.waiting.pop_request()
-                if num_ext:
-                    self.kv_transfer.sync_load(self.kv_transfer.scheduled_seq + 1, request, num_hit, num_ext)
-                    num_hit += num_loaded
-                request.num_computed_tokens = num_hit
-                if request.num_cached_tokens < 0:
-                    request.num_cached_tokens = num_hit
-                request.status = RequestStatus.RUNNING
-                self.running.append(request)
-                if self.lora_admission is not None:
-                    self.lora_admission.admit(request)
-                scheduled_new.append(request)
-                self._events.setdefault(request.request_id, []).append(EngineCoreEvent(EVENT_SCHEDULED, time.monotonic()))
-                num_scheduled[request.request_id] = num_new
-                token_budget -= num_new
-
-        for request in reversed(skipped):
-            self.waiting.prepend_request(request)
-
-        # 3. the plan
-        new_reqs = [
-            NewRequestData(
-                req_id=r.request_id,
-                prompt_token_ids=r.prompt_token_ids,
-                sampling_params=r.sampling_params,
-                block_ids=kv.get_block_ids(r.request_id),
-                num_computed_tokens=r.num_computed_tokens,
-                output_token_ids=list(r.output_token_ids),
-                eos_token_id=r.eos_token_id,
-                lora_request=r.lora_request,
-                pooling_params=r.pooling_params,
-            )
-            for r in scheduled_new
-        ]
-        cached = CachedRequestData(
-            req_ids=[r.request_id for r in scheduled_running],
-            new_block_ids=[[b.block_id for b in new_blocks_of[r.request_id]] for r in scheduled_running],
-            num_computed_tokens=[r.num_computed_tokens for r in scheduled_running],
-        )
-        if self.send_token_ids:
-            cached.new_token_ids = [
-                r.all_token_ids[r.num_computed_tokens : r.num_computed_tokens + num_scheduled[r.request_id]]
-                for r in scheduled_running
-            ]
-        output = SchedulerOutput(
-            scheduled_new_reqs=new_reqs,
-            scheduled_cached_reqs=cached,
-            num_scheduled_tokens=num_scheduled,
-            total_num_scheduled_tokens=sum(num_scheduled.values()),
-            finished_req_ids=self.finished_req_ids,
-            preempted_req_ids={r.request_id for r in preempted},
-            scheduled_spec_decode_tokens=spec_tokens,
-        )
+        output = plan.output(self.kv_cache_manager, self.finished_req_ids, self.send_token_ids)
         self.finished_req_ids = set()
-        if self.kv_transfer is not None:
-            output.step_seq = self.kv_transfer.next_seq()
-            output.preempted_req_ids |= self.kv_transfer.drop_from_runner
-            self.kv_transfer.drop_from_runner = set()
-            output.kv_connector_metadata = self.kv_transfer.connector.build_connector_meta(output)
+        for feature in self.features:
+            feature.plan(output)
         # the scheduled tokens count as computed from now on (their KV is written this step);
         # a step that reaches a request's last planned token samples its next one
         requests = self.requests
-        for req_id, n in num_scheduled.items():
+        for req_id, n in plan.num_scheduled.items():
             request = requests[req_id]
             if request.num_computed_tokens < request.num_prompt_tokens:
                 self.num_prompt_tokens_computed += min(n, request.num_prompt_tokens - request.num_computed_tokens)
@@ -432,6 +242,158 @@ class Scheduler:
                 request.num_output_placeholders += 1
                 output.sampling_req_ids.add(req_id)
         return output
+
+    def _schedule_running(self, plan: StepPlan, in_flight: Container[str], threshold: int) -> None:
+        """Give each running request its next tokens (a decode its drafts too), preempting the
+        policy's victims when the KV cache is full."""
+        chunked = self.scheduler_config.enable_chunked_prefill
+        kv = self.kv_cache_manager
+        # prefill chunks leave one token for every decode behind them in the running list
+        decodes_behind = sum(1 for r in self.running if r.num_tokens_planned - r.num_computed_tokens == 1)
+        req_index = 0
+        while req_index < len(self.running) and not plan.full():
+            request = self.running[req_index]
+            remaining = request.num_tokens_planned - request.num_computed_tokens
+            is_decode = remaining == 1
+            if is_decode:
+                decodes_behind -= 1
+            if request.request_id in in_flight or (request.num_output_placeholders and self._done_once_returned(request)):
+                # in an unprocessed step of the pipeline, or its token in flight reaches
+                # max_tokens / max_model_len: nothing more to run now
+                req_index += 1
+                continue
+            num_new = min(remaining, self.max_model_len - request.num_computed_tokens)
+            if threshold > 0:
+                num_new = min(num_new, threshold)
+            num_new = min(num_new, plan.token_budget - (0 if is_decode else decodes_behind))
+            if num_new <= 0 or (not chunked and num_new < remaining):
+                req_index += 1
+                continue
+            drafts = self._drafts(request, plan.token_budget) if is_decode else []
+            num_new += len(drafts)
+            delay_cache = self.kv_source.loading_sync(request.request_id)
+            # a model drafter writes KV up to kv_lookahead slots past this step's tokens: room for them when free
+            ahead = min(self.kv_lookahead, self.max_model_len - request.num_computed_tokens - num_new)
+            while True:
+                new_blocks = kv.allocate_slots(request, num_new + ahead, delay_cache=delay_cache) if ahead > 0 else None
+                if new_blocks is None:
+                    new_blocks = kv.allocate_slots(request, num_new, delay_cache=delay_cache)
+                if new_blocks is not None:
+                    break
+                victim = self.waiting.select_victim(self.running)
+                if victim is request and len(self.running) == 1:
+                    if self.kv_source.num_held_blocks() > 0:
+                        break  # blocks held elsewhere come back by themselves: wait for them
+                    self._cap_for_kv_exhaustion(request)  # alone and still out of blocks: it can never grow
+                    break
+                idx = self.running.index(victim)
+                del self.running[idx]
+                if idx < req_index:
+                    req_index -= 1
+                elif idx > req_index and victim.num_tokens_planned - victim.num_computed_tokens == 1:
+                    decodes_behind -= 1
+                plan.give_back(victim)  # scheduled earlier in this step: its tokens return to the budget
+                self._preempt_request(victim)
+                plan.preempted.append(victim)
+                if victim is request:
+                    break
+            if new_blocks is None:
+                return
+            plan.take(request, num_new, running=True, new_blocks=new_blocks)
+            if drafts:
+                plan.spec_tokens[request.request_id] = drafts
+            req_index += 1
+
+    def _schedule_waiting(self, plan: StepPlan, in_flight: Container[str], threshold: int) -> None:
+        """Admit waiting requests in policy order while budget, slots and blocks last; the
+        features may hold one back in its place or fail it."""
+        chunked = self.scheduler_config.enable_chunked_prefill
+        kv = self.kv_cache_manager
+        source = self.kv_source
+        skipped: list[Request] = []  # held back this step: stay queued, in order
+        while self.waiting and not plan.full() and len(self.running) < self.max_num_running_reqs:
+            request = self.waiting.peek_request()
+            verdict = WAIT if request.request_id in in_flight else self._admission(request)
+            if verdict == WAIT:  # in flight (preempted while its step is unprocessed), or a feature holds it
+                skipped.append(self.waiting.pop_request())
+                continue
+            if verdict is not None:
+                self.waiting.pop_request()
+                self._fail_request(request, verdict)
+                continue
+            num_ext, load_async = 0, False
+            if kv.get_blocks(request.request_id):
+                hit_blocks, num_hit = [], request.num_computed_tokens  # loaded by a connector
+            else:
+                hit_blocks, num_hit = kv.get_computed_blocks(request)
+                num_ext, load_async = source.external_tokens(request, num_hit)
+                if num_ext is None:  # the source does not know yet: ask next step
+                    skipped.append(self.waiting.pop_request())
+                    continue
+            if num_ext and load_async:
+                if kv.allocate_slots(request, num_ext, hit_blocks, num_hit, delay_cache=True) is None:
+                    break
+                self.waiting.pop_request()
+                request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+                source.start_async_load(request, num_hit, num_ext)
+                skipped.append(request)
+                continue
+            # a synchronous load fills its blocks in this very step; the prompt's last token is
+            # always computed (its logits)
+            num_loaded = min(num_ext, request.num_tokens - 1 - num_hit)
+            num_new = request.num_tokens - num_hit - num_loaded
+            if chunked:
+                if threshold > 0:
+                    num_new = min(num_new, threshold)
+                num_new = min(num_new, plan.token_budget)
+            elif num_new > plan.token_budget:
+                break
+            ahead = 0 if num_ext else min(self.kv_lookahead, self.max_model_len - num_hit - num_new)  # as for running ones
+            num_hit_tokens = len(hit_blocks) * self.block_size
+            new_blocks = kv.allocate_slots(request, num_new + ahead, hit_blocks, num_hit_tokens) if ahead > 0 else None
+            if new_blocks is None:
+                new_blocks = kv.allocate_slots(request, num_loaded + num_new, hit_blocks, num_hit_tokens, delay_cache=num_ext > 0)
+            if new_blocks is None:
+                if not self.running and source.num_held_blocks() == 0:
+                    # every block is free and it still does not fit: it never will
+                    self.waiting.pop_request()
+                    self._cap_for_kv_exhaustion(request)
+                    continue
+                break
+            self.waiting.pop_request()
+            if num_ext:
+                source.sync_load(request, num_hit, num_ext)
+                num_hit += num_loaded
+            self._start_running(request, num_hit)
+            plan.take(request, num_new, running=False)
+        for request in reversed(skipped):
+            self.waiting.prepend_request(request)
+
+    def _admission(self, request: Request) -> str | None:
+        """The features' word on a waiting request: ``None`` (go on), :data:`WAIT`, or an error."""
+        for feature in self._admitters:
+            verdict = feature.admit(request)
+            if verdict is not None:
+                return verdict
+        return None
+
+    def _drafts(self, request: Request, budget: int) -> list[int]:
+        """The tokens a feature adds to a running decode this step (drafts to verify)."""
+        for feature in self._contributors:
+            drafts = feature.contribute(request, budget, len(self.running))
+            if drafts:
+                return drafts
+        return []
+
+    def _start_running(self, request: Request, num_computed: int) -> None:
+        request.num_computed_tokens = num_computed
+        if request.num_cached_tokens < 0:
+            request.num_cached_tokens = num_computed
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
+        for feature in self._admitters:
+            feature.admitted(request)
+        self._events.setdefault(request.request_id, []).append(EngineCoreEvent(EVENT_SCHEDULED, time.monotonic()))
 
     def _done_once_returned(self, request: Request) -> bool:
         """Whether the tokens in flight already end the request by length (so planning another
@@ -454,8 +416,8 @@ class Scheduler:
         sampling = scheduler_output.sampling_req_ids
         requests = self.requests
         running = RequestStatus.RUNNING
-        if self.kv_transfer is not None:
-            self._process_kv_output(scheduler_output, model_runner_output.kv_connector_output)
+        for feature in self.features:
+            feature.take_result(scheduler_output, model_runner_output)
         stopped: set[str] = set()
         for req_id in scheduler_output.num_scheduled_tokens:
             request = requests.get(req_id)
@@ -467,8 +429,9 @@ class Scheduler:
             i = index_of.get(req_id)
             if i is None:
                 continue
-            if request.pooling_params is not None:  # pooled in this one step: it is done
-                outputs.append(finish_pooled(request, model_runner_output.pooler_output, self._events.pop(req_id, None)))
+            whole = self._feature_output(request, i, model_runner_output)
+            if whole is not None:  # a feature produced the request's output and finished it (pooling)
+                outputs.append(whole)
                 stopped.add(req_id)
                 self._free_request(request, running)
                 continue
@@ -487,12 +450,10 @@ class Scheduler:
                 new_token_ids.append(token_id)
                 if self._check_stop(request):
                     break
-            if self.spec_decode is not None:  # roll back the rejected drafts, take the next ones
-                self.spec_decode.after_step(request, scheduler_output, len(sampled), model_runner_output.spec_token_ids, i)
             error = None
-            if request.structured_output is not None and not self._accept_structured(request, new_token_ids):
-                error = f"token {new_token_ids[-1]} broke the request's structured_outputs grammar"
-                logger.error("request %s: %s", req_id, error)
+            for feature in self._token_takers:  # drafts rolled back, grammars fed
+                error = feature.take_tokens(request, new_token_ids, len(sampled), i, scheduler_output, model_runner_output) or error
+            if error is not None:
                 request.status = RequestStatus.FINISHED_ABORTED
             row_logprobs = all_logprobs[i] if all_logprobs else None
             events = self._events.pop(req_id, None)
@@ -519,58 +480,35 @@ class Scheduler:
             )
         if stopped:
             self.running = [r for r in self.running if r.request_id not in stopped]
-        if self.kv_transfer is not None:
-            self.kv_transfer.step_processed(scheduler_output.step_seq)
+        for feature in self.features:
+            feature.step_done(scheduler_output)
         return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats())
 
-    # -- KV connector -------------------------------------------------------------------------
-    def _process_kv_output(self, scheduler_output: SchedulerOutput, connector_output: Any) -> None:
-        """The workers' transfer report for this step: free what was handed off, mark loads
-        done, and send requests whose synchronous load failed back to recompute from their
-        first bad block (their sample from this step is void), or fail them."""
-        failed = self.kv_transfer.process_output(scheduler_output.step_seq, connector_output, self.requests)
-        if not failed:
-            return
-        for req_id, good_tokens in failed.items():
-            request = self.requests[req_id]
-            if request.status != RequestStatus.RUNNING:
-                continue
-            self.running.remove(request)
-            if self.kv_transfer.fail_on_load_error:
-                self._fail_request(request, self._load_error(request), was=RequestStatus.RUNNING)
-                continue
-            logger.warning("request %s: its KV load failed; recomputing from token %d", req_id, good_tokens)
-            self.kv_transfer.after_failed_load(request, good_tokens)
-            self.kv_transfer.drop_from_runner.add(req_id)
-            request.status = RequestStatus.WAITING
-            self.waiting.prepend_request(request)
+    def _feature_output(self, request: Request, index: int, runner_output: ModelRunnerOutput) -> EngineCoreOutput | None:
+        for feature in self._output_takers:
+            output = feature.take_output(request, index, runner_output)
+            if output is not None:
+                output.events = self._events.pop(request.request_id, None)
+                return output
+        return None
 
-    def _blocks_held_elsewhere(self) -> bool:
-        """Blocks no running request owns that are not free yet: a KV connector holds them for a
-        consumer or a transfer, or their free waits for steps in flight."""
-        return self.kv_transfer is not None and self.kv_transfer.num_held_blocks() > 0
+    # -- what features may do to requests ------------------------------------------------------
+    def requeue(self, request: Request) -> None:
+        """Send a running request back to the front of the waiting queue (its blocks already
+        freed by the caller, its progress reset): it is admitted again like a new request."""
+        self.running.remove(request)
+        request.status = RequestStatus.WAITING
+        self.waiting.prepend_request(request)
 
-    def _after_failed_remote_load(self, request: Request) -> bool:
-        """A WAITING_FOR_REMOTE_KVS request whose load failed: recompute it (True: it is
-        admitted like a new request) or fail it (False), per kv_load_failure_policy."""
-        if self.kv_transfer.fail_on_load_error:
-            self.waiting.pop_request()
-            self._fail_request(request, self._load_error(request))
-            return False
-        logger.warning("request %s: its remote KV load failed; recomputing the prompt", request.request_id)
-        self.kv_transfer.after_failed_load(request, 0)
-        return True
-
-    def _load_error(self, request: Request) -> str:
-        return (
-            f"loading the KV cache of request {request.request_id} through the KV connector "
-            f"{self.kv_transfer.connector.name!r} failed (kv_load_failure_policy=fail; 'recompute' computes it instead)"
-        )
+    def fail_running(self, request: Request, error: str) -> None:
+        """Finish a running request with ``error`` (it goes out with its final output)."""
+        self.running.remove(request)
+        self._fail_request(request, error, was=RequestStatus.RUNNING)
 
     # -- stats --------------------------------------------------------------------------------
     def make_stats(self) -> SchedulerStats:
         pc = self.kv_cache_manager.prefix_cache_stats
-        return SchedulerStats(
+        stats = SchedulerStats(
             num_running_reqs=len(self.running),
             num_waiting_reqs=len(self.waiting),
             kv_cache_usage=self.kv_cache_manager.usage,
@@ -579,14 +517,10 @@ class Scheduler:
             prefix_cache_hit_rate=pc.hit_rate,
             num_preemptions=self.num_preemptions,
             num_prompt_tokens_computed=self.num_prompt_tokens_computed,
-            kv_connector_stats=self.kv_transfer.take_stats() if self.kv_transfer is not None else None,
-            spec_decoding=self.spec_decode.totals() if self.spec_decode is not None else None,
-            lora_stats=lora_stats(self.lora_admission.max_loras, self.running, self.waiting) if self.lora_admission else None,
-            num_waiting_deferred=sum(
-                1 for r in self.waiting
-                if r.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR and not r.structured_output.ready()
-            ),
         )
+        for feature in self.features:
+            feature.stats(stats, self.running, self.waiting)
+        return stats
 
     # -- internals ----------------------------------------------------------------------------
     def _check_stop(self, request: Request) -> bool:
@@ -611,10 +545,7 @@ class Scheduler:
 
     def _preempt_request(self, request: Request) -> None:
         """Recompute preemption: free the blocks, forget progress, requeue at the front."""
-        if self.kv_transfer is not None:
-            self.kv_transfer.free(request)
-        else:
-            self.kv_cache_manager.free(request)
+        self.kv_source.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_output_placeholders = 0  # a token in flight is dropped: it is recomputed
@@ -648,12 +579,6 @@ class Scheduler:
             )
         )
 
-    @staticmethod
-    def _accept_structured(request: Request, token_ids: list[int]) -> bool:
-        from host.core.structured_output.engine import StructuredOutputManager
-
-        return StructuredOutputManager.accept_tokens(request, token_ids)
-
     def _fail_request(self, request: Request, error: str, was: RequestStatus = RequestStatus.WAITING) -> None:
         """Finish a request that cannot run (its grammar did not compile, its KV load failed
         under kv_load_failure_policy=fail); the error goes out with its final output."""
@@ -664,20 +589,31 @@ class Scheduler:
         )
 
     def _free_request(self, request: Request, was: RequestStatus = RequestStatus.RUNNING) -> dict[str, Any] | None:
-        """Forget a finished request and free its blocks (or, with a KV connector, let the
-        connector take them over). ``was`` is its status before it finished: only a running
-        request holds computed KV a producer may hand off. Returns the connector's
+        """Forget a finished request and free its blocks (or let the KV source, a connector,
+        take them over). ``was`` is its status before it finished. Returns the KV source's
         kv_transfer_params for its last output."""
         self._events.pop(request.request_id, None)
-        if self.spec_decode is not None:
-            self.spec_decode.forget(request.request_id)
-        params = None
-        if self.kv_transfer is not None:
-            # an aborted request hands nothing off: its KV may be incomplete
-            had_kv = was == RequestStatus.RUNNING and request.status != RequestStatus.FINISHED_ABORTED
-            params = self.kv_transfer.finished(request, had_kv, was_loading=was == RequestStatus.WAITING_FOR_REMOTE_KVS)
-        else:
-            self.kv_cache_manager.free(request)
+        for feature in self.features:
+            feature.finished(request, was)
+        params = self.kv_source.release(request, was)
         del self.requests[request.request_id]
         self.finished_req_ids.add(request.request_id)
         return params
+
+
+def default_features(
+    kv: KVCacheManager, max_model_len: int, kv_connector: Any = None, kv_transfer_config: Any = None,
+    steps_in_flight: bool = False, lora_config: Any = None, speculative_config: Any = None,
+) -> list[SchedulerFeature]:
+    """The built-in features an engine's configs turn on, in the order their seams are called
+    (drafts before grammars take the tokens; grammars, then adapters, then remote loads admit)."""
+    features: list[SchedulerFeature] = []
+    if speculative_config is not None:  # --speculative-config: drafts, rollback, acceptance counts
+        features.append(SpecDecodeFeature(speculative_config, max_model_len))
+    features.append(StructuredOutputFeature())
+    if lora_config is not None:  # --enable-lora: at most max_loras adapters among the running requests
+        features.append(LoRAFeature(lora_config.max_loras))
+    if kv_connector is not None:  # --kv-transfer-config; with steps in flight, frees wait for them
+        features.append(KVTransferFeature(kv_connector, kv_transfer_config, kv, steps_in_flight))
+    features.append(PoolingFeature())
+    return features

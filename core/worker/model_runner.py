@@ -205,7 +205,7 @@ class ModelRunner:
         if self.spec_decode is not None:
             self.spec_decode.initialize_kv_cache(num_blocks)
         if getattr(self.config, "kv_transfer", None) is not None:
-            from host.core.worker.kv_connector import WorkerKVConnector
+            from host.core.kv_transfer.worker import WorkerKVConnector
 
             self.kv_connector = WorkerKVConnector(self.config, {i: self.kv_caches[i] for i in self.kv_layers})
         logger.info(

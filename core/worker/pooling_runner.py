@@ -5,9 +5,9 @@ with ``--convert embed``). The scheduler gives every pooling request its whole p
 step (chunked prefill and prefix caching are off for pooling models), so each scheduled
 request's tokens are its full prompt. The step reuses the runner's persistent batch, input
 layout and forward (blocks allocated as for generation: a decoder writes its KV pages, an
-encoder attends within the step without them); then the :class:`~host.core.worker.pooler.Pooler`
+encoder attends within the step without them); then the :class:`~host.core.pooling.pooler.Pooler`
 reduces each prompt's last hidden states and nothing is sampled. The request finishes in this
-step (:mod:`host.core.scheduler.pooling`) and its blocks are freed.
+step (:mod:`host.core.pooling.scheduler`) and its blocks are freed.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from host.contracts.runner_output import ModelRunnerOutput
-from host.core.worker.pooler import Pooler
+from host.core.pooling.pooler import Pooler
 
 if TYPE_CHECKING:
     from host.contracts.scheduler_output import SchedulerOutput

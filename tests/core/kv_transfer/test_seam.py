@@ -268,7 +268,7 @@ def test_a_producer_keeps_blocks_until_the_hand_off_is_reported(tiny, reference,
     engine = llm.engine
     got = run(llm, ps[:3], SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
     assert [o.outputs[0].token_ids for o in got] == [w[:1] for w in want[:3]]
-    held = engine.scheduler.kv_transfer.num_held_blocks()
+    held = engine.scheduler.kv_source.num_held_blocks()
     assert held == sum(-(-len(p) // 8) for p in ps[:3])  # every block of every prompt
     assert engine.has_unfinished_requests()  # the engine keeps stepping for the hand-offs
     for _ in range(10):

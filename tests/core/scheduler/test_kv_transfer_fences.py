@@ -5,14 +5,14 @@ step is processed, so a load into a reallocated block can never race the step's 
 from host.contracts.request import Request
 from host.core.config import KVTransferConfig
 from host.core.kv_cache.manager import KVCacheManager
-from host.core.scheduler.kv_transfer import KVTransferState
+from host.core.kv_transfer.scheduler import KVTransferFeature
 from host.sdk.kv_connector import KVConnector, KVConnectorRole
 
 
 def _state(fence: bool):
     kv = KVCacheManager(num_blocks=9, block_size=4)
     config = KVTransferConfig(kv_connector="unused_here")
-    return kv, KVTransferState(KVConnector(None, KVConnectorRole.SCHEDULER), config, kv, fence_frees=fence)
+    return kv, KVTransferFeature(KVConnector(None, KVConnectorRole.SCHEDULER), config, kv, fence_frees=fence)
 
 
 def test_a_free_waits_for_every_step_planned_before_it():

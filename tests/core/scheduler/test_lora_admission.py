@@ -1,4 +1,4 @@
-"""The scheduler's ``max_loras`` cap (core/scheduler/lora_admission.py).
+"""The scheduler's ``max_loras`` cap (core/lora/scheduler.py).
 
 A real Scheduler over a real KVCacheManager and real Requests; the model step is a
 deterministic function of the tokens so far (as in test_scheduler.py), so each request's tokens
@@ -17,7 +17,7 @@ from host.contracts.sampling_params import SamplingParams
 from host.contracts.scheduler_output import SchedulerOutput
 from host.core.config import CacheConfig, LoRAConfig, SchedulerConfig
 from host.core.kv_cache.manager import KVCacheManager
-from host.core.scheduler.lora_admission import LoRAAdmission, adapter_key
+from host.core.lora.scheduler import LoRAFeature, adapter_key
 from host.core.scheduler.scheduler import Scheduler
 
 BS = 4
@@ -138,7 +138,7 @@ def test_a_changed_adapter_under_the_same_id_is_another_adapter():
 def test_without_lora_config_nothing_is_capped_and_max_loras_n_runs_n():
     admitted = run(make_scheduler(max_loras=3), 3, [req("a", A), req("b", B), req("c", C)])
     assert admitted[0] == ["a", "b", "c"]
-    assert make_scheduler(max_loras=None).lora_admission is None
+    assert make_scheduler(max_loras=None).feature("lora") is None
 
 
 def test_a_preempted_request_is_readmitted_under_the_cap():
@@ -154,4 +154,4 @@ def test_a_preempted_request_is_readmitted_under_the_cap():
 
 def test_admission_rejects_a_bad_max_loras():
     with pytest.raises(ValueError, match="max_loras=0"):
-        LoRAAdmission(0)
+        LoRAFeature(0)

@@ -62,7 +62,7 @@ def generate(llm: LLM, prompts: list[list[int]], params: SamplingParams | list[S
 
 
 def spec_totals(llm: LLM) -> dict[str, Any]:
-    return llm.engine.scheduler.spec_decode.totals()
+    return llm.engine.scheduler.feature("spec_decode").totals()
 
 
 @pytest.fixture(scope="module")

@@ -55,7 +55,7 @@ def test_stop_strings_end_at_the_right_token(engines):
         want.text, want.token_ids, want.finish_reason, want.stop_reason)
     assert len(got.logprobs) == len(got.token_ids)
     assert got.cumulative_logprob == pytest.approx(want.cumulative_logprob, abs=1e-3)
-    totals = spec.engine.scheduler.spec_decode.totals()
+    totals = spec.engine.scheduler.feature("spec_decode").totals()
     assert totals["num_accepted_tokens"] >= 8
     for llm in engines:
         manager = llm.engine.kv_cache_manager

@@ -135,10 +135,10 @@ def test_greedy_structured_generations_equal_the_plain_engine_with_drafts_accept
         SamplingParams(max_tokens=16, temperature=0, structured_outputs={"regex": r"[0-9]{3}-[0-9]{3}-[0-9]{4}"}),
         SamplingParams(max_tokens=8, temperature=0, structured_outputs={"choice": ["yes", "no"]}),
     ]
-    before = dict(spec.engine.scheduler.spec_decode.totals())
+    before = dict(spec.engine.scheduler.feature("spec_decode").totals())
     want = [o.outputs[0] for o in base.generate(prompts, params)]
     got = [o.outputs[0] for o in spec.generate(prompts, params)]
-    after = spec.engine.scheduler.spec_decode.totals()
+    after = spec.engine.scheduler.feature("spec_decode").totals()
     assert [g.token_ids for g in got] == [w.token_ids for w in want]
     for out in got[:2]:
         jsonschema.validate(json.loads(out.text), PEOPLE)

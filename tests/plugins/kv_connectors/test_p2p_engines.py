@@ -138,6 +138,6 @@ def test_a_dead_producer_port_recomputes_with_the_same_output(engines):
     from host.plugins.kv_connectors.p2p.protocol import Done
 
     server = producer.engine.executor.worker.model_runner.kv_connector.connector.server
-    for rid in list(producer.engine.scheduler.kv_transfer.sending):
+    for rid in list(producer.engine.scheduler.feature("kv_transfer").sending):
         call("127.0.0.1", server.port, Done(rid), 1.0)
     settle(producer)

@@ -22,7 +22,7 @@ from typing import Any, AsyncIterator, Sequence
 from host.contracts.messages import EngineCoreRequest
 from host.contracts.pooling_params import PoolingParams
 from host.contracts.sampling_params import SamplingParams
-from host.core.frontend.pooling_output import EmbeddingRequestOutput, PoolingOutput, PoolingRequestOutput
+from host.core.pooling.output import EmbeddingRequestOutput, PoolingOutput, PoolingRequestOutput
 
 
 def _one_step_params() -> SamplingParams:

@@ -20,8 +20,13 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from host.core.scheduler.feature import SchedulerFeature
+
 if TYPE_CHECKING:
-    from host.contracts.request import Request
+    from host.contracts.messages import SchedulerStats
+    from host.contracts.request import Request, RequestStatus
+    from host.contracts.runner_output import ModelRunnerOutput
+    from host.contracts.scheduler_output import SchedulerOutput
     from host.core.config import EngineConfig, SpeculativeConfig
 
 logger = logging.getLogger("host.spec_decode")
@@ -73,18 +78,22 @@ class SpecDecodingStats:
             self.num_accepted_tokens_per_pos[i] += 1
 
 
-class SpecDecodeScheduling:
+class SpecDecodeFeature(SchedulerFeature):
     """The scheduler's speculative-decoding state: per-request auto-off windows and the
-    step's acceptance counts."""
+    step's acceptance counts. Its seam: drafts contributed to running decodes, KV lookahead
+    for a model drafter, the rollback after each step, the acceptance totals."""
+
+    name = "spec_decode"
 
     def __init__(self, spec: "SpeculativeConfig", max_model_len: int) -> None:
         self.spec = spec
+        self.kv_lookahead = spec.kv_lookahead
         self.k = int(spec.num_speculative_tokens)
         self.max_model_len = max_model_len
         self._auto: dict[str, _AutoOff] = {}
-        self.stats = SpecDecodingStats()
+        self.counts = SpecDecodingStats()
 
-    def drafts_for(self, request: "Request", budget: int, num_running: int) -> list[int]:
+    def contribute(self, request: "Request", budget: int, num_running: int) -> list[int]:
         """The drafts ``request`` (a running decode) is scheduled with this step: its proposed
         ``spec_token_ids`` cut so that 1 + d tokens fit ``budget``, the sequence stays within
         ``max_model_len`` and no draft lies beyond ``max_tokens``; ``[]`` while its auto-off
@@ -117,7 +126,7 @@ class SpecDecodeScheduling:
         ``num_accepted``; feeds the stats and the request's auto-off window."""
         if num_drafted <= 0:
             return
-        self.stats.observe(num_drafted, num_accepted)
+        self.counts.observe(num_drafted, num_accepted)
         threshold = self.spec.auto_off_threshold
         if threshold <= 0:
             return
@@ -142,11 +151,12 @@ class SpecDecodeScheduling:
         auto = self._auto.get(req_id)
         return auto is not None and auto.off_steps_left > 0
 
-    def after_step(self, request: "Request", scheduler_output: Any, num_emitted: int,
-                   next_drafts: list[list[int]] | None, index: int) -> None:
+    def take_tokens(self, request: "Request", new_token_ids: list[int], num_emitted: int, index: int,
+                    scheduler_output: "SchedulerOutput", runner_output: "ModelRunnerOutput") -> None:
         """After ``request``'s tokens of a step are appended: count its verified drafts, roll
         ``num_computed_tokens`` back by the rejected ones (their KV is overwritten later), and
         keep the proposer's drafts for its next step."""
+        next_drafts = runner_output.spec_token_ids
         drafted = len(scheduler_output.scheduled_spec_decode_tokens.get(request.request_id, ()))
         accepted = max(0, num_emitted - 1)
         self.record(request.request_id, drafted, accepted)
@@ -154,13 +164,17 @@ class SpecDecodeScheduling:
             return
         request.num_computed_tokens -= drafted - accepted
         request.spec_token_ids = list(next_drafts[index]) if next_drafts else []
+        return None
 
-    def forget(self, req_id: str) -> None:
-        self._auto.pop(req_id, None)
+    def finished(self, request: "Request", was: "RequestStatus") -> None:
+        self._auto.pop(request.request_id, None)
+
+    def stats(self, stats: "SchedulerStats", running: list["Request"], waiting: Any) -> None:
+        stats.spec_decoding = self.totals()
 
     def totals(self) -> dict[str, Any]:
         """The counts since start-up (``SchedulerStats.spec_decoding``)."""
-        s = self.stats
+        s = self.counts
         return {
             "num_drafts": s.num_drafts,
             "num_draft_tokens": s.num_draft_tokens,

@@ -1,9 +1,11 @@
 """The scheduler's side of a KV connector: the state a request is in while its KV moves, the
 blocks a connector holds, and frees fenced behind steps still in flight.
 
-The :class:`~host.core.scheduler.scheduler.Scheduler` asks this object at the few points of a
-step where a connector matters (admission, the plan, a request's end, the step's output); it
-keeps nothing else. The order of calls to the connector is the one ``host/sdk/kv_connector.py``
+:class:`KVTransferFeature` is both the feature's seam into the scheduler
+(:class:`~host.core.scheduler.feature.SchedulerFeature`: admission of requests whose load was in
+flight, the plan's connector metadata, the step's transfer report, the connector's stats) and the
+scheduler's :class:`~host.core.scheduler.kv_source.KVSource` (external tokens at admission, and
+frees that a connector may take over or that wait behind steps in flight). The order of calls to the connector is the one ``host/sdk/kv_connector.py``
 documents.
 
 Block ownership, the part that must never be wrong:
@@ -27,25 +29,34 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from host.contracts.request import RequestStatus
 from host.core.config import KVTransferConfig
+from host.core.scheduler.feature import WAIT, SchedulerFeature
+from host.core.scheduler.kv_source import KVSource
 from host.interfaces.kv_connector import KVConnector, KVConnectorOutput
 
 if TYPE_CHECKING:
+    from host.contracts.messages import SchedulerStats
     from host.contracts.request import Request
+    from host.contracts.runner_output import ModelRunnerOutput
+    from host.contracts.scheduler_output import SchedulerOutput
     from host.core.kv_cache.block_pool import KVCacheBlock
     from host.core.kv_cache.manager import KVCacheManager
 
 logger = logging.getLogger(__name__)
 
 
-class KVTransferState:
+class KVTransferFeature(SchedulerFeature, KVSource):
     """One scheduler's connector bookkeeping (see the module docstring)."""
+
+    name = "kv_transfer"
+    hashes_blocks = True  # the connector keys external blocks by the same chained hashes
 
     def __init__(self, connector: KVConnector | None, config: KVTransferConfig | None,
                  kv: "KVCacheManager", fence_frees: bool) -> None:
+        KVSource.__init__(self, kv)
         self.connector = connector
         self.config = config
-        self.kv = kv
         self.block_size = kv.block_size
         self.fail_on_load_error = config is not None and config.kv_load_failure_policy == "fail"
         self.fence_frees = fence_frees
@@ -66,7 +77,7 @@ class KVTransferState:
         self.deferred: deque[tuple[int, list["KVCacheBlock"]]] = deque()
         # ids the runner must drop next step (a failed load sent a running request back)
         self.drop_from_runner: set[str] = set()
-        self.stats: dict[str, int] = {}
+        self.counts: dict[str, int] = {}
 
     # -- steps and fences -----------------------------------------------------------------------
     def next_seq(self) -> int:
@@ -82,9 +93,9 @@ class KVTransferState:
 
     def free(self, request: "Request") -> None:
         """Free a request's blocks now, or after the steps in flight (fenced)."""
-        self.release(self.kv.detach(request))
+        self.release_blocks(self.kv.detach(request))
 
-    def release(self, blocks: list["KVCacheBlock"]) -> None:
+    def release_blocks(self, blocks: list["KVCacheBlock"]) -> None:
         if not blocks:
             return
         if self.fence_frees and self.unprocessed:
@@ -93,7 +104,29 @@ class KVTransferState:
             self.kv.block_pool.free_blocks(blocks)
 
     # -- admission --------------------------------------------------------------------------------
-    def match(self, request: "Request", num_hit: int) -> tuple[int | None, bool]:
+    def admit(self, request: "Request") -> str | None:
+        """A request whose asynchronous load was in flight: it waits until the load is reported;
+        a failed load is recomputed from the prompt, or fails it (kv_load_failure_policy=fail)."""
+        if request.status != RequestStatus.WAITING_FOR_REMOTE_KVS:
+            return None
+        loaded = self.ready(request)
+        if loaded is None:  # still loading: the batch goes on without it
+            return WAIT
+        request.status = RequestStatus.WAITING
+        if not loaded:
+            if self.fail_on_load_error:
+                return self.load_error(request)
+            logger.warning("request %s: its remote KV load failed; recomputing the prompt", request.request_id)
+            self.after_failed_load(request, 0)
+        return None
+
+    def load_error(self, request: "Request") -> str:
+        return (
+            f"loading the KV cache of request {request.request_id} through the KV connector "
+            f"{self.connector.name!r} failed (kv_load_failure_policy=fail; 'recompute' computes it instead)"
+        )
+
+    def external_tokens(self, request: "Request", num_hit: int) -> tuple[int | None, bool]:
         """External tokens after the local hit (``None``: not known yet), capped at the prompt."""
         if self.connector is None or request.kv_load_failed:
             return 0, False
@@ -108,9 +141,10 @@ class KVTransferState:
         self.connector.update_state_after_alloc(request, self.kv.get_block_ids(request.request_id), num_ext)
         self.loading[request.request_id] = min(num_hit + num_ext, request.num_tokens - 1)
 
-    def sync_load(self, seq: int, request: "Request", num_hit: int, num_ext: int) -> None:
+    def sync_load(self, request: "Request", num_hit: int, num_ext: int) -> None:
         self.connector.update_state_after_alloc(request, self.kv.get_block_ids(request.request_id), num_ext)
-        self.sync_loads.setdefault(seq, {})[request.request_id] = num_hit // self.block_size
+        # the step being planned (its seq is the next one) loads it
+        self.sync_loads.setdefault(self.scheduled_seq + 1, {})[request.request_id] = num_hit // self.block_size
 
     def loading_sync(self, req_id: str) -> bool:
         """Whether a step not processed yet loads this request's KV (its blocks stay uncached)."""
@@ -143,9 +177,13 @@ class KVTransferState:
         self._count("failed_loads", 1)
 
     # -- the end of a request -----------------------------------------------------------------
-    def finished(self, request: "Request", had_kv: bool, was_loading: bool) -> dict[str, Any] | None:
+    def release(self, request: "Request", was: RequestStatus) -> dict[str, Any] | None:
         """The connector's word on a finished request; frees (or hands over) its blocks.
-        Returns the kv_transfer_params for its last output."""
+        Returns the kv_transfer_params for its last output. Only a request that was running
+        holds computed KV a producer may hand off, and an aborted one hands nothing off (its KV
+        may be incomplete)."""
+        had_kv = was == RequestStatus.RUNNING and request.status != RequestStatus.FINISHED_ABORTED
+        was_loading = was == RequestStatus.WAITING_FOR_REMOTE_KVS
         req_id = request.request_id
         block_ids = self.kv.get_block_ids(req_id) if had_kv else []
         delay, params = self.connector.request_finished(request, block_ids)
@@ -164,6 +202,39 @@ class KVTransferState:
             self.free(request)
         return params
 
+    # -- the step ------------------------------------------------------------------------------
+    def plan(self, output: "SchedulerOutput") -> None:
+        """Number the step (the fences), drop requests a failed load sent back, and add the
+        connector's metadata."""
+        output.step_seq = self.next_seq()
+        output.preempted_req_ids |= self.drop_from_runner
+        self.drop_from_runner = set()
+        output.kv_connector_metadata = self.connector.build_connector_meta(output)
+
+    def take_result(self, scheduler_output: "SchedulerOutput", runner_output: "ModelRunnerOutput") -> None:
+        """The workers' transfer report for this step: free what was handed off, mark loads
+        done, and send requests whose synchronous load failed back to recompute from their
+        first bad block (their sample from this step is void), or fail them."""
+        scheduler = self.scheduler
+        failed = self.process_output(scheduler_output.step_seq, runner_output.kv_connector_output, scheduler.requests)
+        for req_id, good_tokens in failed.items():
+            request = scheduler.requests[req_id]
+            if request.status != RequestStatus.RUNNING:
+                continue
+            if self.fail_on_load_error:
+                scheduler.fail_running(request, self.load_error(request))
+                continue
+            logger.warning("request %s: its KV load failed; recomputing from token %d", req_id, good_tokens)
+            self.after_failed_load(request, good_tokens)
+            self.drop_from_runner.add(req_id)
+            scheduler.requeue(request)
+
+    def step_done(self, scheduler_output: "SchedulerOutput") -> None:
+        self.step_processed(scheduler_output.step_seq)
+
+    def stats(self, stats: "SchedulerStats", running: list["Request"], waiting: Any) -> None:
+        stats.kv_connector_stats = self.take_stats()
+
     # -- the step's report ----------------------------------------------------------------------
     def process_output(self, seq: int, out: KVConnectorOutput | None, requests: dict[str, "Request"]) -> dict[str, int]:
         """Apply one step's aggregated worker report. Returns the sync loads of step ``seq``
@@ -178,11 +249,11 @@ class KVTransferState:
         for req_id in out.finished_sending:
             blocks = self.sending.pop(req_id, None)
             if blocks is not None:
-                self.release(blocks)
+                self.release_blocks(blocks)
         for req_id in out.finished_recving:
             blocks = self.orphaned.pop(req_id, None)
             if blocks is not None:
-                self.release(blocks)
+                self.release_blocks(blocks)
             elif req_id in self.loading:
                 self.loaded.add(req_id)
                 if req_id in out.failed_recving or self._has_bad_block(requests.get(req_id), out.invalid_block_ids):
@@ -224,10 +295,10 @@ class KVTransferState:
         if self.connector is not None:
             for k, v in self.connector.get_stats().items():
                 self._count(k, v)
-        return dict(self.stats)
+        return dict(self.counts)
 
     def _count(self, key: str, n: int) -> None:
-        self.stats[key] = self.stats.get(key, 0) + n
+        self.counts[key] = self.counts.get(key, 0) + n
 
     def num_held_blocks(self) -> int:
         """Blocks that are not free and that no running request can give up: handed off to a

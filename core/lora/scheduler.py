@@ -17,7 +17,10 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Hashable, Iterable
 
+from host.core.scheduler.feature import WAIT, SchedulerFeature
+
 if TYPE_CHECKING:
+    from host.contracts.messages import SchedulerStats
     from host.contracts.request import Request
 
 
@@ -27,9 +30,11 @@ def adapter_key(request: "Request") -> Hashable | None:
     return None if lora is None else (lora.lora_int_id, lora.digest)
 
 
-class LoRAAdmission:
-    """One step's view of the adapters in use: :meth:`begin` with the running requests, then
-    :meth:`admits` / :meth:`admit` for each waiting request the step considers."""
+class LoRAFeature(SchedulerFeature):
+    """One step's view of the adapters in use: :meth:`begin_admissions` with the running
+    requests, then :meth:`admit` / :meth:`admitted` for each waiting request the step considers."""
+
+    name = "lora"
 
     def __init__(self, max_loras: int) -> None:
         if not isinstance(max_loras, int) or max_loras < 1:
@@ -37,20 +42,25 @@ class LoRAAdmission:
         self.max_loras = max_loras
         self.active: set[Hashable] = set()
 
-    def begin(self, running: Iterable["Request"]) -> None:
+    def begin_admissions(self, running: Iterable["Request"]) -> None:
         """Start a step's admissions: the adapters of the requests running now."""
         self.active = {k for k in map(adapter_key, running) if k is not None}
 
-    def admits(self, request: "Request") -> bool:
-        """Whether ``request`` may join the running ones without a ``max_loras + 1``-th adapter."""
+    def admit(self, request: "Request") -> str | None:
+        """``request`` may join the running ones unless that makes a ``max_loras + 1``-th adapter
+        (then it waits, in its place)."""
         key = adapter_key(request)
-        return key is None or key in self.active or len(self.active) < self.max_loras
+        return None if key is None or key in self.active or len(self.active) < self.max_loras else WAIT
 
-    def admit(self, request: "Request") -> None:
+    def admitted(self, request: "Request") -> None:
         """``request`` joined the running ones: its adapter is in use."""
         key = adapter_key(request)
         if key is not None:
             self.active.add(key)
+
+
+    def stats(self, stats: "SchedulerStats", running: list["Request"], waiting: Iterable["Request"]) -> None:
+        stats.lora_stats = lora_stats(self.max_loras, running, waiting)
 
 
 def lora_stats(max_loras: int, running: Iterable["Request"], waiting: Iterable["Request"]) -> dict[str, object]:

@@ -8,10 +8,14 @@ frees its blocks in the same step: no KV is kept.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from host.contracts.messages import EngineCoreOutput
 from host.contracts.request import Request, RequestStatus
+from host.core.scheduler.feature import SchedulerFeature
+
+if TYPE_CHECKING:
+    from host.contracts.runner_output import ModelRunnerOutput
 
 
 def finish_pooled(request: Request, pooler_output: dict[str, list[float]] | None, events: Any = None) -> EngineCoreOutput:
@@ -29,3 +33,14 @@ def finish_pooled(request: Request, pooler_output: dict[str, list[float]] | None
     return EngineCoreOutput(
         req_id=request.request_id, new_token_ids=[], finish_reason="stop", events=events, pooling_output=vector
     )
+
+
+class PoolingFeature(SchedulerFeature):
+    """The seam: a pooling request's step result is its whole output (:func:`finish_pooled`)."""
+
+    name = "pooling"
+
+    def take_output(self, request: Request, index: int, runner_output: "ModelRunnerOutput") -> EngineCoreOutput | None:
+        if request.pooling_params is None:
+            return None
+        return finish_pooled(request, runner_output.pooler_output)
