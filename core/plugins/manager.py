@@ -321,14 +321,17 @@ class PluginHost:
         from host.core.kernels import CORE_SOURCE, offer_core_kernels
 
         offer_core_kernels(_kernel_register(CORE_SOURCE))
+        failed = False
         for impl in reversed(self.pm.hook.host_offer_kernels.get_hookimpls()):
             if only_new and impl.plugin_name in self._kernels_offered:
                 continue
             self._kernels_offered.add(impl.plugin_name)
             record = self.records.get(impl.plugin_name)
             register = _kernel_register(record.name if record is not None else impl.plugin_name)
-            self._call_one(impl, "host_offer_kernels", register=register, platform=platform, config=config)
-        self._raise_fatal(True)
+            ok, _ = self._call_one(impl, "host_offer_kernels", register=register, platform=platform, config=config)
+            failed = failed or not ok
+        if failed:  # a fatal failure of this call stops it; one recorded earlier was raised then
+            self._raise_fatal(True)
 
     def _call_one(self, impl: Any, hook_name: str, **kwargs: Any) -> tuple[bool, Any]:
         """Call one implementation; on an exception, record the plugin as failed, unregister it
@@ -392,7 +395,9 @@ def fill_kernel_table() -> None:
     from host.core.plugins.platform import current_platform  # platform.py imports this module
 
     host = get_plugin_host()
-    host.load_groups(KERNEL_GROUPS)
+    missing = [g for g in KERNEL_GROUPS if g not in host.loaded_groups]
+    if missing:  # (a failure loaded earlier was raised then, not at every lookup)
+        host.load_groups(missing)
     host.offer_kernels(current_platform(), None, only_new=True)
 
 
