@@ -16,7 +16,7 @@ from host.hooks.markers import hookspec
 GROUP = "host.general"
 LOADED_IN = ("api", "engine", "worker")
 LAZY_IN: tuple[str, ...] = ()
-SUMMARY = "models registry, config tweaks, startup"
+SUMMARY = "models registry, kernels, config tweaks, startup"
 
 
 @hookspec
@@ -49,4 +49,24 @@ def host_startup(process: str) -> None:
     ``process`` is ``"api"``, ``"engine"`` or ``"worker"``. The host calls this exactly once
     per process, after every group of that process is loaded and validated; it is called again
     in each new process, so it must be re-entrant.
+    """
+
+
+@hookspec
+def host_offer_kernels(register: Callable[..., None], platform: Any, config: Any) -> None:
+    """Offer kernel implementations for the kernel table (:mod:`host.sdk.kernels`).
+
+    Call ``register(op, device_type, impl, *, name, priority=0, reason="")`` once per
+    implementation: ``impl`` runs ``op`` (with the op's one calling convention) on tensors of
+    ``device_type`` (``"*"``: a reference for any device); the highest ``priority`` registered for
+    the tensor's device type serves, else the best ``"*"`` entry. ``reason`` is one line on why it
+    serves (``"AVX2 build"``), shown with the plugin's name by ``host plugins list`` and ``host
+    platform``. ``platform`` is the process's resolved :class:`host.sdk.Platform` (register device
+    kernels only when it is yours); ``config`` is the engine config of the model a worker is about
+    to prepare, or ``None`` when the table is read outside an engine (register what serves with
+    the default settings). The host calls this on the first lookup in a process (with ``config``
+    ``None``, for the plugins loaded then and again for plugins loaded later) and again with the
+    engine config before each model is prepared, so it must be re-entrant: registering a ``name``
+    again for the same op and device replaces the earlier entry. Nothing may register at import
+    time. The host's own references (the LoRA op's torch path) are registered the same way first.
     """

@@ -30,9 +30,11 @@ def on_sys_path(*paths: str) -> Iterator[None]:
 
 
 def subprocess_env(sites: list[str], **extra: str) -> dict[str, str]:
-    """A clean environment for a child process with only ``sites`` as extra plugins."""
+    """A clean environment for a child process with only ``sites`` as extra plugins. A checkout
+    whose directory is named ``host`` (a worktree imported through PYTHONPATH) stays on the path,
+    so the child runs the code under test rather than the editable install's."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOST_")}
-    env["PYTHONPATH"] = os.pathsep.join(sites)
+    env["PYTHONPATH"] = os.pathsep.join([*sites, *([str(REPO.parent)] if REPO.name == "host" else [])])
     env.update(extra)
     return env
 

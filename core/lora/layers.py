@@ -26,7 +26,7 @@ from torch import nn
 from host.contracts.forward_context import get_forward_context
 from host.core.lora.adapter import module_shapes
 from host.core.lora.punica import OP
-from host.sdk.kernels import kernel_for
+from host.interfaces.kernels import kernel_for
 
 # our fused module -> its Hugging Face sub-projections (PEFT's target names), in output order
 FUSED_SLICES = {

@@ -9,10 +9,11 @@ bfloat16 on the CPU). For the step's :class:`LoRAMapping` (the slot of each toke
 the base model) the op adds, in place, ``out[t] += (x[t] @ a[s]) @ b[s]`` for every token ``t``
 whose slot ``s >= 0``.
 
-The op is called through the kernel table (:mod:`host.sdk.kernels`) as
-``lora_shrink_expand(x, out, a, b, mapping, active) -> out``: the torch path below is registered
-for every device (``"*"``); a platform registers a faster one for its device type
-(``plugins/triton_ops/lora.py`` for ``cuda``). ``active[s]`` is False where slot ``s`` holds
+The op is called through the kernel table (:mod:`host.interfaces.kernels`) as
+``lora_shrink_expand(x, out, a, b, mapping, active) -> out``: the torch path below is the core's
+reference for every device (``"*"``, offered by :func:`offer_kernels` when the table is filled,
+see :mod:`host.core.kernels`); a platform offers a faster one for its device type through the
+``host_offer_kernels`` hook (``plugins/triton_ops/lora.py`` for ``cuda``). ``active[s]`` is False where slot ``s`` holds
 nothing for this module (an adapter that does not target it): those tokens are skipped.
 
 The torch path has three shapes, chosen per call from the step's grouping (made once per step,
@@ -29,12 +30,12 @@ host-side, in :func:`build_mapping`):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 
-from host.sdk.kernels import ANY_DEVICE, kernel_for, register_kernel
+from host.interfaces.kernels import ANY_DEVICE, kernel_for
 
 OP = "lora_shrink_expand"
 
@@ -107,7 +108,11 @@ def lora_shrink_expand_torch(
     return out
 
 
-register_kernel(OP, ANY_DEVICE, lora_shrink_expand_torch, name="torch")
+def offer_kernels(register: Callable[..., None]) -> None:
+    """Offer the torch path as the op's reference for every device (called by the code that
+    fills the kernel table, never at import)."""
+    register(OP, ANY_DEVICE, lora_shrink_expand_torch, name="torch",
+             reason="torch, in the core: grouped shrink/expand GEMMs")
 
 
 def lora_shrink_expand(

@@ -14,6 +14,12 @@ The parts live beside this module: ``discovery`` (entry-point candidates), ``pol
 loads, what is fatal), ``records`` (what happened to each plugin), ``registry`` (the registries
 fed by ``host_register_*`` hooks), ``tracing`` (``HOST_TRACE_PLUGINS``). Their public names are
 importable from here too.
+
+The kernel table (:mod:`host.interfaces.kernels`) is filled from here too: this module installs
+the table's filler, which on the first lookup in a process loads the groups that offer kernels
+(general, platforms, quantization), registers the core's references and calls
+``host_offer_kernels`` (:meth:`PluginHost.offer_kernels`); a plugin loaded later is offered on
+the next lookup.
 """
 
 from __future__ import annotations
@@ -32,8 +38,10 @@ from host.core.plugins.errors import PluginConfigError, PluginError
 from host.core.plugins.records import BLOCKED, FAILED, LOADED, NOT_ALLOWLISTED, NOT_LOADED, PluginRecord
 from host.core.plugins.registry import COLLECTORS, REGISTRY_HOOK, Registry, collector_hook
 from host.core.plugins.settings import PluginSettings
-from host.hooks.groups import ENDPOINTS_GROUP, FAMILY_MODULES, GENERAL_GROUP, GROUPS, PROCESSES, groups_for
+from host.hooks.groups import ENDPOINTS_GROUP, FAMILY_MODULES, GENERAL_GROUP, GROUPS, PLATFORMS_GROUP, PROCESSES, groups_for
 from host.hooks.markers import PROJECT_NAME
+from host.hooks.quantization import GROUP as QUANTIZATION_GROUP
+from host.interfaces import kernels as kernel_table
 
 logger = logging.getLogger("host.plugins")
 
@@ -81,6 +89,8 @@ class PluginHost:
         self._registries: dict[str, Registry] = {}
         self._undo_trace: Callable[[], None] | None = None
         self._warned_endpoints = False
+        self._kernels_offered: set[str] = set()  # plugin keys whose host_offer_kernels ran
+        kernel_table.mark_stale()  # this host's plugins have not offered their kernels yet
         if self.settings.trace:
             self.enable_tracing()
 
@@ -211,6 +221,8 @@ class PluginHost:
             self._fail(cand, record, problem)
             return
         record.status = LOADED
+        if "host_offer_kernels" in hooks:
+            kernel_table.mark_stale()  # its kernels join the table on the next lookup
         log("Loaded plugin %s (%s, %s %s)", cand.name, cand.group, cand.distribution, cand.version)
 
     def _fail(self, cand: Candidate, record: PluginRecord, reason: str) -> None:
@@ -301,6 +313,26 @@ class PluginHost:
         self._raise_fatal(True)
         return reg
 
+    def offer_kernels(self, platform: Any, config: Any = None, *, only_new: bool = False) -> None:
+        """Fill the kernel table: the core's references, then ``host_offer_kernels`` of every
+        loaded plugin (``only_new``: those not offered yet in this host) with a ``register``
+        callback that records the plugin as each entry's source. ``config`` is the engine config
+        of the model about to be prepared (the worker), ``None`` for the default settings."""
+        from host.core.kernels import CORE_SOURCE, offer_core_kernels
+
+        offer_core_kernels(_kernel_register(CORE_SOURCE))
+        failed = False
+        for impl in reversed(self.pm.hook.host_offer_kernels.get_hookimpls()):
+            if only_new and impl.plugin_name in self._kernels_offered:
+                continue
+            self._kernels_offered.add(impl.plugin_name)
+            record = self.records.get(impl.plugin_name)
+            register = _kernel_register(record.name if record is not None else impl.plugin_name)
+            ok, _ = self._call_one(impl, "host_offer_kernels", register=register, platform=platform, config=config)
+            failed = failed or not ok
+        if failed:  # a fatal failure of this call stops it; one recorded earlier was raised then
+            self._raise_fatal(True)
+
     def _call_one(self, impl: Any, hook_name: str, **kwargs: Any) -> tuple[bool, Any]:
         """Call one implementation; on an exception, record the plugin as failed, unregister it
         and return ``(False, None)``. A :class:`PluginError` (a host-side verdict such as a
@@ -343,6 +375,35 @@ class PluginHost:
         return list(self.records.values())
 
 
+def _kernel_register(source: str) -> Callable[..., None]:
+    """The ``register(op, device_type, impl, *, name, priority=0, reason="")`` callback handed to
+    ``host_offer_kernels``, filing each entry under ``source``."""
+
+    def register(op: str, device_type: str, impl: Callable[..., Any], *, name: str, priority: int = 0, reason: str = "") -> None:
+        kernel_table.register_kernel(op, device_type, impl, name=name, priority=priority, reason=reason, source=source)
+
+    return register
+
+
+KERNEL_GROUPS = (GENERAL_GROUP, PLATFORMS_GROUP, QUANTIZATION_GROUP)  # the groups whose plugins offer kernels
+
+
+def fill_kernel_table() -> None:
+    """The kernel table's filler (installed below): this process's plugin host loads the groups
+    that offer kernels and offers those of the plugins not offered yet, for the process's
+    platform with the default settings (``config=None``)."""
+    from host.core.plugins.platform import current_platform  # platform.py imports this module
+
+    host = get_plugin_host()
+    missing = [g for g in KERNEL_GROUPS if g not in host.loaded_groups]
+    if missing:  # (a failure loaded earlier was raised then, not at every lookup)
+        host.load_groups(missing)
+    host.offer_kernels(current_platform(), None, only_new=True)
+
+
+kernel_table.set_filler(fill_kernel_table)
+
+
 # -- the one per-process instance ------------------------------------------------------------
 
 _HOSTS: dict[int, PluginHost] = {}
@@ -376,6 +437,7 @@ def set_plugin_host(host: PluginHost | None) -> PluginHost | None:
     previous = _HOSTS.pop(pid, None)
     if host is not None:
         _HOSTS[pid] = host
+    kernel_table.mark_stale()  # the new host's plugins offer their kernels on the next lookup
     return previous
 
 

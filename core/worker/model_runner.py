@@ -88,10 +88,14 @@ class ModelRunner:
     def load_model(self) -> None:
         from host.core.models.loader import load_model
         from host.core.models.quant_linear import weight_bytes
+        from host.core.plugins.manager import get_plugin_host
         from host.core.worker.attention_selector import select_attention_backend
 
         self.dtype = getattr(torch, self.config.model.dtype)  # resolved by EngineArgs
         self.attn_backend = select_attention_backend(self.config, self.platform, self.config.model.hf_config, self.dtype)
+        # the kernel table for this engine config: the core's references and every plugin's
+        # host_offer_kernels, before the weights load and the platform prepares the model
+        get_plugin_host().offer_kernels(self.platform, self.config)
         self.model, self.hf_config = load_model(
             self.config.model, self.config.load, self.attn_backend, device=self.device,
             quant_plan=getattr(self.config, "quant", None) and self.config.quant.plan,

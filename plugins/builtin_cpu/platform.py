@@ -69,9 +69,7 @@ class CpuPlatform(Platform):
             small_m_budget_bytes=int(self.small_m_memory_fraction * self.get_device_total_memory()),
         )
         if kernels is not None:
-            from host.plugins.builtin_cpu.quant_kernels import register_cpu_quant_kernels
-
-            register_cpu_quant_kernels(kernels)  # gguf_linear / int8_linear for "cpu" in the kernel table
+            # gguf_linear / int8_linear for "cpu" in the kernel table: platform_plugin's host_offer_kernels
             attach_fused_ops(model, kernels)
             parallel = getattr(config, "parallel", None)
             if parallel is None or parallel.world_size == 1:

@@ -1,6 +1,7 @@
 """The CPU platform's quantized-linear kernels in the kernel table (:mod:`host.sdk.kernels`).
 
-When the compiled CPU kernels build, :func:`register_cpu_quant_kernels` offers their
+When the compiled CPU kernels build, :func:`register_cpu_quant_kernels` (called by the CPU
+platform plugin's ``host_offer_kernels`` with the hook's ``register``) offers their
 ``gguf_linear`` (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K blocks), ``gguf_linear_q8`` (the same blocks with
 the activations quantized to Q8 blocks of 32 on the fly: integer dot products with AVX2
 ``maddubs``/``madd``, or AVX-512 VNNI ``dpbusd`` when the build probe ran it) and ``int8_linear`` for device type
@@ -34,11 +35,13 @@ def _fallback(op: str) -> Callable[..., Any]:
     return kernel_entry(op, ANY_DEVICE).impl
 
 
-def register_cpu_quant_kernels(kernels: Any) -> str:
-    """Register the compiled ``gguf_linear``, ``gguf_linear_q8`` and ``int8_linear`` for ``"cpu"``; returns the name
-    they were registered under (``cpu_avx2`` or ``cpu_scalar``, by the instruction set built)."""
+def register_cpu_quant_kernels(kernels: Any, register: Callable[..., None] = register_kernel) -> str:
+    """Register the compiled ``gguf_linear``, ``gguf_linear_q8`` and ``int8_linear`` for ``"cpu"``
+    through ``register`` (the ``host_offer_kernels`` callback); returns the name they were
+    registered under (``cpu_avx2`` or ``cpu_scalar``, by the instruction set built)."""
     isa = kernels.kernels_isa()
     name = "cpu_avx2" if "avx2" in isa else "cpu_scalar"
+    reason = f"compiled C++ kernels, {isa} build"
 
     def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int, bias: torch.Tensor | None) -> torch.Tensor:
         values = GGUF_BLOCK_VALUES.get(int(qtype))
@@ -60,8 +63,8 @@ def register_cpu_quant_kernels(kernels: Any) -> str:
         y = kernels.gguf_linear_q8(x.reshape(-1, x.shape[-1]), qweight, int(qtype), bias)
         return y.view(*x.shape[:-1], y.shape[-1])
 
-    register_kernel("gguf_linear", "cpu", gguf_linear, name=name, priority=PRIORITY)
-    register_kernel("gguf_linear_q8", "cpu", gguf_linear_q8, name=name, priority=PRIORITY)
-    register_kernel("int8_linear", "cpu", int8_linear, name=name, priority=PRIORITY)
+    register("gguf_linear", "cpu", gguf_linear, name=name, priority=PRIORITY, reason=reason)
+    register("gguf_linear_q8", "cpu", gguf_linear_q8, name=name, priority=PRIORITY, reason=reason)
+    register("int8_linear", "cpu", int8_linear, name=name, priority=PRIORITY, reason=reason)
     logger.info("Quantized linear kernels for cpu: %s (%s)", name, isa)
     return name

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable
 
 from host.sdk.platform import Platform, PlatformEnum
 
@@ -62,35 +62,42 @@ class CudaPlatform(Platform):
         logger.info("CUDA %s", config.compilation.describe())
 
     def prepare_model(self, model: Any, config: Any) -> None:
-        """Quantized linears run the Triton dequant kernels (:meth:`register_quant_kernels`, at
-        every ``-O`` level). With custom ops on (``-O1`` and above, or ``--custom-ops``), the
-        model's norms, rotary embedding and SiLU-and-mul run as Triton custom ops (``host::*``,
-        traceable by torch.compile)."""
-        self.register_quant_kernels()
-        if getattr(config, "lora", None) is not None:  # --enable-lora: the Triton shrink/expand (docs/lora.md)
-            triton_problem = getattr(self, "triton_problem", None)
-            if triton_problem is None or not triton_problem():
-                from host.plugins.triton_ops.lora import register_lora_kernels
-
-                register_lora_kernels(self.device_type)
+        """With custom ops on (``-O1`` and above, or ``--custom-ops``), the model's norms, rotary
+        embedding and SiLU-and-mul run as Triton custom ops (``host::*``, traceable by
+        torch.compile). Quantized linears and LoRA run the Triton kernels of the kernel table, at
+        every ``-O`` level (:meth:`offer_kernels`, through the ``host_offer_kernels`` hook)."""
         if config.compilation.custom_ops:
             from host.plugins.triton_ops.custom_ops import attach_triton_ops
 
             attach_triton_ops(model)
 
-    def register_quant_kernels(self) -> list[str]:
+    def offer_kernels(self, register: Callable[..., None]) -> list[str]:
+        """The Triton kernels for ``host_offer_kernels`` (the cuda and rocm platform plugins call
+        this for their platform): :meth:`register_quant_kernels` and the LoRA shrink/expand
+        (:func:`host.plugins.triton_ops.lora.register_lora_kernels`, used with
+        ``--enable-lora``), none where Triton does not target the GPU. Returns the ops registered."""
+        ops = self.register_quant_kernels(register)
+        triton_problem = getattr(self, "triton_problem", None)
+        if triton_problem is None or not triton_problem():
+            from host.plugins.triton_ops.lora import register_lora_kernels
+
+            ops += register_lora_kernels(self.device_type, register)
+        return ops
+
+    def register_quant_kernels(self, register: Callable[..., None] | None = None) -> list[str]:
         """Put the Triton kernels of :mod:`host.plugins.triton_ops.quant_linear` in the kernel
         table for device type ``cuda`` (priority 10, over the torch references): ``gguf_linear``
         and ``int8_linear``, and on NVIDIA ``fp8_linear`` (``torch._scaled_mm`` on compute
         capability >= 8.9, a Triton kernel below). ROCm inherits this without ``fp8_linear``
         (its gfx942 computes e4m3fnuz, not the checkpoints' e4m3fn) and registers nothing when
-        Triton does not target its GPU. Returns the ops registered."""
+        Triton does not target its GPU. ``register`` is the ``host_offer_kernels`` callback (the
+        table's ``register_kernel`` by default). Returns the ops registered."""
         triton_problem = getattr(self, "triton_problem", None)  # RocmPlatform's check
         if triton_problem is not None and triton_problem():
             return []
         from host.plugins.triton_ops.quant_linear import register_quant_kernels
 
-        return register_quant_kernels(self.device_type, fp8=self.is_cuda())
+        return register_quant_kernels(self.device_type, fp8=self.is_cuda(), register=register)
 
     def sampling_kernel(self, config: Any) -> Any:
         """With custom ops on, the sampler draws with the Triton kernel (temperature, min-p,

@@ -7,12 +7,12 @@ the engine process (which resolves the plan) and the workers (which load and run
   torch reference on the CPU).
 
 The kernels are the ops of :mod:`.ops`, dispatched through :mod:`host.sdk.kernels` (torch
-references here; the CPU and CUDA platforms register faster ones).
+references offered here by ``host_offer_kernels``; the CPU and CUDA platforms offer faster ones).
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from host.plugins.quantization.fp8 import Fp8Method
 from host.plugins.quantization.gguf import GGUFMethod
@@ -27,3 +27,10 @@ def host_register_quantization_methods(register: Callable[..., None]) -> None:
     register(GGUFMethod)
     register(Int8Method)
     register(Fp8Method)
+
+
+@hookimpl
+def host_offer_kernels(register: Callable[..., None], platform: Any, config: Any) -> None:
+    from host.plugins.quantization.ops import register_reference_kernels
+
+    register_reference_kernels(register)

@@ -3,15 +3,15 @@ dispatching through the kernel table (:mod:`host.sdk.kernels`).
 
 ``host_quant::gguf_linear``, ``host_quant::gguf_linear_q8`` (the opt-in Q8 activations),
 ``host_quant::int8_linear`` and ``host_quant::fp8_linear`` are what the methods call. Their body asks the table for the implementation registered for the input's
-device type (a platform plugin registers a faster one; the torch references below are registered
-for every device under ``"*"``), and their fake implementation gives the output's shape and dtype
+device type (a platform plugin registers a faster one; the torch references below are offered
+for every device under ``"*"`` by the plugin's ``host_offer_kernels``), and their fake implementation gives the output's shape and dtype
 so ``torch.compile`` and ``opcheck`` trace them without running a kernel. Each op returns a new
 tensor (nothing is written in place, so ``mutates_args=()``).
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -133,12 +133,14 @@ def _gguf_reference(x: torch.Tensor, qweight: torch.Tensor, qtype: int, bias: Op
     return linear_reference(x, qweight, qtype, bias)
 
 
-def register_reference_kernels() -> None:
-    """The torch references, for every device type (idempotent)."""
-    register_kernel("gguf_linear", "*", _gguf_reference, name="torch_reference")
-    register_kernel("gguf_linear_q8", "*", gguf_linear_q8_reference, name="torch_reference")
-    register_kernel("int8_linear", "*", int8_linear_reference, name="torch_reference")
-    register_kernel("fp8_linear", "*", fp8_linear_reference, name="torch_reference")
-
-
-register_reference_kernels()
+def register_reference_kernels(register: Callable[..., None] = register_kernel) -> None:
+    """The torch references, for every device type (idempotent); ``register`` is the
+    ``host_offer_kernels`` hook's callback (the plugin's hook calls this, nothing at import)."""
+    register("gguf_linear", "*", _gguf_reference, name="torch_reference",
+             reason="torch: dequantize the GGUF blocks, then a float matmul")
+    register("gguf_linear_q8", "*", gguf_linear_q8_reference, name="torch_reference",
+             reason="torch: Q8 activation blocks, dequantized weights, float32 matmul")
+    register("int8_linear", "*", int8_linear_reference, name="torch_reference",
+             reason="torch: dequantize the int8 rows, then a float matmul")
+    register("fp8_linear", "*", fp8_linear_reference, name="torch_reference",
+             reason="torch: per-token e4m3 activations, float32 matmul")

@@ -21,7 +21,7 @@ the adapter's rows. Under ``TRITON_INTERPRET=1`` the kernels run on CPU tensors,
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -108,12 +108,16 @@ def lora_shrink_expand_triton(
     return out
 
 
-def register_lora_kernels(device_type: str = "cuda") -> list[str]:
+def register_lora_kernels(device_type: str = "cuda", register: Callable[..., None] | None = None) -> list[str]:
     """Put :func:`lora_shrink_expand_triton` in the kernel table for ``device_type`` (priority
-    10, name ``triton``, over the torch reference). Returns the ops registered."""
+    10, name ``triton``, over the torch reference) through ``register`` (the
+    ``host_offer_kernels`` callback; the table's ``register_kernel`` by default). Returns the ops
+    registered."""
     if not HAS_TRITON:
         return []
-    from host.sdk.kernels import register_kernel
+    if register is None:
+        from host.sdk.kernels import register_kernel as register
 
-    register_kernel(OP, device_type, lora_shrink_expand_triton, name=KERNEL_NAME, priority=KERNEL_PRIORITY)
+    register(OP, device_type, lora_shrink_expand_triton, name=KERNEL_NAME, priority=KERNEL_PRIORITY,
+             reason=f"Triton shrink/expand, one launch per step up to {TRITON_MAX_TOKENS} tokens (torch reference above)")
     return [OP]

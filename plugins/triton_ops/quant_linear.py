@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import Callable
 
 import torch
 
@@ -503,15 +504,24 @@ KERNEL_NAME = "triton"
 KERNEL_PRIORITY = 10
 
 
-def register_quant_kernels(device_type: str = "cuda", *, fp8: bool = True) -> list[str]:
-    """Put these kernels in the kernel table for ``device_type`` (priority 10, name ``triton``):
-    ``gguf_linear`` and ``int8_linear``, and ``fp8_linear`` when ``fp8`` (GPUs whose fp8 is
-    OCP e4m3fn; not ROCm's gfx942, which computes e4m3fnuz). Returns the ops registered."""
-    from host.sdk.kernels import register_kernel
+REASONS = {
+    "gguf_linear": "Triton dequant-and-GEMM kernel",
+    "int8_linear": "Triton dequant-and-GEMM kernel",
+    "fp8_linear": "torch._scaled_mm on fp8 tensor cores (capability >= 8.9), else a Triton kernel",
+}
+
+
+def register_quant_kernels(device_type: str = "cuda", *, fp8: bool = True, register: Callable[..., None] | None = None) -> list[str]:
+    """Put these kernels in the kernel table for ``device_type`` (priority 10, name ``triton``)
+    through ``register`` (the ``host_offer_kernels`` callback; the table's ``register_kernel`` by
+    default): ``gguf_linear`` and ``int8_linear``, and ``fp8_linear`` when ``fp8`` (GPUs whose
+    fp8 is OCP e4m3fn; not ROCm's gfx942, which computes e4m3fnuz). Returns the ops registered."""
+    if register is None:
+        from host.sdk.kernels import register_kernel as register
 
     ops = {"gguf_linear": gguf_linear, "int8_linear": int8_linear}
     if fp8:
         ops["fp8_linear"] = fp8_linear
     for op, impl in ops.items():
-        register_kernel(op, device_type, impl, name=KERNEL_NAME, priority=KERNEL_PRIORITY)
+        register(op, device_type, impl, name=KERNEL_NAME, priority=KERNEL_PRIORITY, reason=REASONS[op])
     return list(ops)

@@ -71,8 +71,9 @@ def list_plugins(
     host = inspect_host(**plugin_flags)
     rows = _rows(host, group, process)
     unknown = host.unknown_allowlisted()
+    kernels = _kernel_rows(host)
     if as_json:
-        payload: dict[str, Any] = {"plugins": rows, "unknown_allowlisted": unknown}
+        payload: dict[str, Any] = {"plugins": rows, "unknown_allowlisted": unknown, "kernels": kernels}
         if show_all:
             payload["groups"] = {
                 name: {"processes": list(g.processes), "lazy_in": list(g.lazy_in), "summary": g.summary}
@@ -102,6 +103,8 @@ def list_plugins(
                 console.print(f"[dim]{name}: no plugin installed ({g.summary}; processes: {','.join(g.processes)})[/dim]")
     for name in unknown:
         console.print(f"[red]allowlisted name {name!r} matches no installed plugin[/red]")
+    if kernels:
+        console.print(_kernel_table(kernels))
 
 
 def _list_server_plugins(server: str, as_json: bool) -> None:
@@ -196,8 +199,9 @@ def platform_cmd(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=1)
     methods = _quantization_rows(host, res.platform)
+    kernels = _kernel_rows(host, res.platform)
     if as_json:
-        typer.echo(json.dumps({**res.to_dict(), "quantization_methods": methods}, indent=2))
+        typer.echo(json.dumps({**res.to_dict(), "quantization_methods": methods, "kernels": kernels}, indent=2))
         return
     console = Console()
     console.print(f"[bold]{res.platform.name}[/bold]: {res.reason}")
@@ -217,7 +221,42 @@ def platform_cmd(
         here = "; ".join(f"{dtype}: {'yes' if why is None else why}" for dtype, why in m["runs_here"].items())
         quant.add_row(m["name"], m["plugin"], m["summary"], here)
     console.print(quant)
+    if kernels:
+        console.print(_kernel_table(kernels))
     sys.stdout.flush()
+
+
+def _kernel_rows(host: PluginHost, platform: Any = None) -> list[dict[str, Any]]:
+    """Which kernel serves each op of the kernel table on ``platform``'s device type (resolved
+    from ``host`` when not given), and why, with the runners-up: ``host``'s loaded plugins offer
+    their kernels (``host_offer_kernels``, default settings) first. A platform that does not
+    resolve or a failing plugin is a warning and what the table holds is still shown."""
+    from host.interfaces.kernels import kernel_report
+
+    if platform is None:
+        from host.core.plugins.platform import PlatformResolutionError, resolve_platform
+
+        try:
+            platform = resolve_platform(host).platform
+        except (PlatformResolutionError, PluginError, ValueError) as exc:
+            typer.echo(f"warning: kernels: no platform resolves here ({exc})", err=True)
+            return []
+    try:
+        host.offer_kernels(platform, None, only_new=True)
+    except PluginError as exc:
+        typer.echo(f"warning: kernels: {exc}", err=True)
+    return kernel_report(platform.device_type, fill=False)
+
+
+def _kernel_table(kernels: list[dict[str, Any]]) -> Table:
+    device = kernels[0]["device_type"]
+    table = Table(title=f"kernels on {device} (host_offer_kernels; the first row of each op serves it)")
+    for col in ("op", "kernel", "plugin", "why", "runners-up"):
+        table.add_column(col)
+    for k in kernels:
+        rest = "\n".join(f"{r['name']} ({r['source']}): {r['why']}" for r in k["runners_up"]) or "-"
+        table.add_row(k["op"], f"[green]{k['serves']}[/green]", k["source"], k["why"], rest)
+    return table
 
 
 def _quantization_rows(host: PluginHost, platform: Any) -> list[dict[str, Any]]:

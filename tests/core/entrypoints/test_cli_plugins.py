@@ -67,7 +67,7 @@ def test_list_json_shows_builtins_with_groups_and_processes(builtin_plugins_list
     cpu = rows[("host.platforms", "cpu")]
     assert cpu["source"] == "builtin" and cpu["distribution"] == "host"
     assert cpu["processes"] == ["api", "engine", "worker"]
-    assert cpu["status"] == "loaded" and cpu["hooks"] == ["host_register_platforms"]
+    assert cpu["status"] == "loaded" and cpu["hooks"] == ["host_offer_kernels", "host_register_platforms"]  # + its kernels
     assert ("host.platforms", "cuda") in rows and ("host.platforms", "rocm") in rows
     assert rows[("host.executors", "uniproc")]["processes"] == ["engine"]
     assert rows[("host.endpoints", "builtin_endpoints")]["processes"] == ["api"]

@@ -198,9 +198,9 @@ def test_fp8_linear_on_cpu_takes_the_triton_path():
 def test_the_gpu_platforms_register_the_kernels(monkeypatch):
     """CUDA: all three ops at priority 10 for device type "cuda". ROCm inherits the method but
     gets no fp8_linear (gfx942's fp8 is e4m3fnuz), and nothing where Triton does not target it."""
+    from host.interfaces import kernels
     from host.plugins.builtin_cuda.platform import CudaPlatform
     from host.plugins.builtin_rocm.platform import RocmPlatform
-    from host.sdk import kernels
 
     def cleanup():
         for op in ("gguf_linear", "int8_linear", "fp8_linear"):
@@ -227,7 +227,7 @@ def test_the_quantization_ops_reach_these_kernels_through_the_table(monkeypatch)
     """The seam: the quantization plugin's ``host_quant::*`` ops find these kernels in the table
     (registered here for this test's device type) and their results keep the op's contract."""
     ops = pytest.importorskip("host.plugins.quantization.ops")
-    from host.sdk import kernels
+    from host.interfaces import kernels
 
     device_type = torch.device(DEV).type
     # a table without what other tests registered for this device type (the CPU platform's kernels)
