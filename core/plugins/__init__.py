@@ -1,5 +1,6 @@
 """The plugin host: per-process discovery and loading of entry-point plugins."""
 
+from host.core.plugins import kernel_filler  # noqa: E402,F401,I001 - installs the kernel table's filler
 from host.core.plugins.manager import (
     PluginConfigError,
     PluginError,

@@ -38,9 +38,8 @@ from host.core.plugins.errors import PluginConfigError, PluginError
 from host.core.plugins.records import BLOCKED, FAILED, LOADED, NOT_ALLOWLISTED, NOT_LOADED, PluginRecord
 from host.core.plugins.registry import COLLECTORS, REGISTRY_HOOK, Registry, collector_hook
 from host.core.plugins.settings import PluginSettings
-from host.hooks.groups import ENDPOINTS_GROUP, FAMILY_MODULES, GENERAL_GROUP, GROUPS, PLATFORMS_GROUP, PROCESSES, groups_for
+from host.hooks.groups import ENDPOINTS_GROUP, FAMILY_MODULES, GENERAL_GROUP, GROUPS, PROCESSES, groups_for
 from host.hooks.markers import PROJECT_NAME
-from host.hooks.quantization import GROUP as QUANTIZATION_GROUP
 from host.interfaces import kernels as kernel_table
 
 logger = logging.getLogger("host.plugins")
@@ -385,23 +384,6 @@ def _kernel_register(source: str) -> Callable[..., None]:
     return register
 
 
-KERNEL_GROUPS = (GENERAL_GROUP, PLATFORMS_GROUP, QUANTIZATION_GROUP)  # the groups whose plugins offer kernels
-
-
-def fill_kernel_table() -> None:
-    """The kernel table's filler (installed below): this process's plugin host loads the groups
-    that offer kernels and offers those of the plugins not offered yet, for the process's
-    platform with the default settings (``config=None``)."""
-    from host.core.plugins.platform import current_platform  # platform.py imports this module
-
-    host = get_plugin_host()
-    missing = [g for g in KERNEL_GROUPS if g not in host.loaded_groups]
-    if missing:  # (a failure loaded earlier was raised then, not at every lookup)
-        host.load_groups(missing)
-    host.offer_kernels(current_platform(), None, only_new=True)
-
-
-kernel_table.set_filler(fill_kernel_table)
 
 
 # -- the one per-process instance ------------------------------------------------------------
