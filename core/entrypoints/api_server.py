@@ -17,7 +17,6 @@ import contextlib
 import logging
 import os
 import time
-from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request
@@ -27,54 +26,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from host.core.entrypoints.drain import Drain, DrainMiddleware
 from host.core.entrypoints.middleware import ApiKeyMiddleware, BodyLimitMiddleware, InternalErrorMiddleware
+from host.core.entrypoints.server_settings import DEFAULT_MAX_REQUEST_BYTES, MODEL_TASKS, ServerSettings
 from host.core.utils import freeze_startup_objects
 from host.interfaces.errors import error_body
 
 logger = logging.getLogger("host.api")
 
-MODEL_TASKS = ("generate",)  # what the decoder-only models we load support
-DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
-
-
-@dataclass
-class ServerSettings:
-    """What the app needs beyond the engine config."""
-
-    served_model_names: list[str] = field(default_factory=list)
-    api_key: str | None = None
-    model_tasks: tuple[str, ...] = MODEL_TASKS
-    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # --max-request-bytes: a larger body is a 413
-    trust_request_chat_template: bool = False  # --trust-request-chat-template: allow chat_template_kwargs.chat_template
-    shutdown_timeout: float = 30.0  # a drain's wait for in-flight requests (host.core.entrypoints.drain)
-    exit_on_engine_death: bool = False  # stop the server (exit code 1) once the engine process is gone
-    engine_heartbeat_timeout: float = 30.0  # /health is 503 when the engine was silent this long
-    max_sequences_per_request: int = 256  # prompts x n of one request (--max-sequences-per-request)
-    max_queued_requests: int | None = None  # prompts waiting for their first token before a 429 (--max-queued-requests)
-    # OpenAI-surface options vLLM scripts pass (docs/openai_api.md): tool calling, reasoning output
-    enable_auto_tool_choice: bool = False  # --enable-auto-tool-choice: tool_choice "auto" parses calls
-    tool_call_parser: str | None = None  # --tool-call-parser NAME (a host.tool_parsers plugin)
-    reasoning_parser: str | None = None  # --reasoning-parser NAME (a host.reasoning_parsers plugin)
-    enable_prompt_tokens_details: bool = False  # --enable-prompt-tokens-details: usage.prompt_tokens_details
-    chat_template: str | None = None  # --chat-template: the template text used instead of the tokenizer's
-    enable_tokenizer_info_endpoint: bool = False  # --enable-tokenizer-info-endpoint: GET /tokenizer_info
-    enable_server_load_tracking: bool = False  # --enable-server-load-tracking: GET /load
-    disable_fastapi_docs: bool = False  # --disable-fastapi-docs: no /docs, /redoc, /openapi.json
-    # LoRA (docs/lora.md): --lora-modules name=path (or JSON) served at start; the opt-in for
-    # POST /v1/load_lora_adapter and /v1/unload_lora_adapter (else 404)
-    lora_modules: list[str] = field(default_factory=list)
-    enable_lora_runtime_updates: bool = False
-    # --io-processor NAME: the host.io_processors processor /pooling uses when a request names
-    # none (else the model's config.json io_processor_plugin; docs/pooling.md)
-    io_processor: str | None = None
-    # --allowed-origins / --allowed-methods / --allowed-headers / --allow-credentials: CORS headers
-    # (starlette's CORSMiddleware keywords); None sends none (vLLM sends them for any origin)
-    cors: dict[str, Any] | None = None
-    # stat loggers (host.core.frontend.stat_loggers): --stat-loggers NAME[:ARG], the metric names'
-    # prefix (host: or vllm:), the periodic log line's interval and its switch
-    stat_loggers: list[str] = field(default_factory=list)
-    metrics_prefix: str = "host"
-    log_stats_interval: float = 10.0
-    disable_log_stats: bool = False
+__all__ = ["DEFAULT_MAX_REQUEST_BYTES", "MODEL_TASKS", "ServerSettings", "build_app", "served_model_names", "tasks_of"]
 
 
 def tasks_of(config: Any) -> tuple[str, ...]:

@@ -30,6 +30,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from host.core.config.quantization import compile_pattern
+
 logger = logging.getLogger("host.quantization")
 
 NONE = "none"
@@ -60,16 +62,6 @@ def layer_aliases(name: str) -> tuple[str, ...]:
             base = name[: -len(fused)]
             return (name, *(base + part for part in parts))
     return (name,)
-
-
-def compile_pattern(pattern: str) -> Any:
-    """A ``re:`` pattern compiled (a bad regex is a ``ValueError`` naming it), else the string."""
-    if pattern.startswith("re:"):
-        try:
-            return re.compile(pattern[3:])
-        except re.error as exc:
-            raise ValueError(f"quantization pattern {pattern!r} is not a valid regular expression: {exc}") from None
-    return pattern
 
 
 def pattern_matches(pattern: str, name: str) -> bool:

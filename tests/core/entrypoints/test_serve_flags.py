@@ -39,10 +39,10 @@ NO_EFFECT = [
 
 @pytest.fixture
 def serve(monkeypatch):
-    """``host serve ARGS`` up to the point where the server would start: the result and the
-    keywords ``run_server`` got."""
+    """``host serve ARGS`` up to the point where the server would start: the result and what
+    ``run_server`` got (``model``, ``settings``: the ServerSettings, ``engine_kwargs``)."""
     calls: list[dict] = []
-    monkeypatch.setattr(serve_module, "run_server", lambda model, **kw: calls.append({"model": model, **kw}))
+    monkeypatch.setattr(serve_module, "run_server", lambda model, settings, **kw: calls.append({"model": model, "settings": settings, **kw}))
 
     def invoke(*args: str):
         result = CliRunner().invoke(app, ["serve", *args])
@@ -60,12 +60,12 @@ def test_a_vllm_launch_scripts_flags_are_accepted(serve, caplog):
     assert engine["seed"] == 7 and engine["max_logprobs"] == 5 and engine["dtype"] == "half"
     assert engine["enable_chunked_prefill"] is True and engine["enforce_eager"] is True and engine["max_num_seqs"] == 16
     assert engine["kv_cache_dtype"] == "fp8"
-    api = call["api_settings"]
-    assert api["chat_template"] == "{{ messages[0]['content'] }}"
-    assert api["enable_tokenizer_info_endpoint"] and api["enable_server_load_tracking"] and api["enable_prompt_tokens_details"]
-    assert call["served_model_names"] == ["a", "b"] and call["max_queued_requests"] == 8
-    assert api["disable_fastapi_docs"] is True
-    assert call["uvicorn_options"] == {"log_level": "warning", "access_log": False, "root_path": "/llm",
+    api = call["settings"]
+    assert api.chat_template == "{{ messages[0]['content'] }}"
+    assert api.enable_tokenizer_info_endpoint and api.enable_server_load_tracking and api.enable_prompt_tokens_details
+    assert api.served_model_names == ["a", "b"] and api.max_queued_requests == 8
+    assert api.disable_fastapi_docs is True
+    assert api.uvicorn_options == {"log_level": "warning", "access_log": False, "root_path": "/llm",
                                        "ssl_keyfile": "key.pem", "ssl_certfile": "cert.pem"}
     # ONE line per flag without effect, naming the flag and why
     lines = [r.getMessage() for r in caplog.records if r.name == "host.serve"]
@@ -191,7 +191,7 @@ def test_cors_flags_send_cors_headers_also_before_the_api_key(serve, plugin_host
 
     result, call = serve("--allowed-origins", '["https://app.example"]', "--allowed-methods", "GET,POST")
     assert result.exit_code == 0, result.output
-    cors = call["api_settings"]["cors"]
+    cors = call["settings"].cors
     assert cors == {"allow_origins": ["https://app.example"], "allow_methods": ["GET", "POST"], "allow_headers": ["*"],
                     "allow_credentials": False}
     result, _ = serve("--allowed-origins", "[1]")

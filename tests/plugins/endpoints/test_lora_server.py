@@ -237,19 +237,21 @@ def test_unload_then_reload_changed_files_under_the_same_name_and_path(client, s
 
 @pytest.fixture
 def serve(monkeypatch):
-    """``host serve ARGS`` up to the point where the server would start (what run_server got)."""
+    """``host serve ARGS`` up to the point where the server would start (the settings run_server got)."""
+    import dataclasses
+
     from typer.testing import CliRunner
 
     from host.core.entrypoints.cli import serve_cmd as serve_module
     from host.core.entrypoints.cli.main import app
 
     calls: list[dict] = []
-    monkeypatch.setattr(serve_module, "run_server", lambda model, **kw: calls.append(kw))
+    monkeypatch.setattr(serve_module, "run_server", lambda model, settings, **kw: calls.append(dataclasses.asdict(settings)))
 
     def invoke(*args: str, env: dict | None = None):
         result = CliRunner().invoke(app, ["serve", *args], env=env)
         assert result.exit_code == 0, result.output
-        return calls[-1]["api_settings"]
+        return calls[-1]
 
     return invoke
 

