@@ -60,6 +60,7 @@ CORE_IMPORT_ALLOWLIST: dict[tuple[str, str], str] = {}
 
 # (lower, higher) role folders of host.core: the lower never imports the higher, even lazily
 BACK_UP_IMPORTS: dict[tuple[str, str], str] = {
+    ("host.core.config", "host.core.models"): "configs are plain validated dataclasses; the models read them",
     ("host.core.engine", "host.core.worker"): "the engine core reaches workers through its executor (collective_rpc)",
     ("host.core.kv_cache", "host.core.scheduler"): "the scheduler drives the KV cache manager, never the reverse",
     ("host.core.lora", "host.core.worker"): "LoRA layers read the forward context from host.contracts",
