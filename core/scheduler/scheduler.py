@@ -10,43 +10,24 @@ queue (the prefix cache usually still holds most of their blocks when they resum
 
 from __future__ import annotations
 
-import logging
-import time
 from typing import Any, Container, Iterable
 
-from host.contracts.messages import (
-    EVENT_PREEMPTED,
-    EVENT_QUEUED,
-    EVENT_SCHEDULED,
-    EngineCoreEvent,
-    EngineCoreOutput,
-    EngineCoreOutputs,
-    SchedulerStats,
-)
+from host.contracts.messages import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
 from host.contracts.request import Request, RequestStatus
 from host.contracts.runner_output import ModelRunnerOutput
 from host.contracts.scheduler_output import SchedulerOutput
 from host.core.config import CacheConfig, SchedulerConfig
 from host.core.kv_cache.hashing import make_block_hasher
 from host.core.kv_cache.manager import KVCacheManager
-from host.core.kv_transfer.scheduler import KVTransferFeature
-from host.core.lora.scheduler import LoRAFeature
-from host.core.pooling.scheduler import PoolingFeature
+from host.core.scheduler.builtin_features import default_features
 from host.core.scheduler.feature import WAIT, SchedulerFeature, overriding
-from host.core.scheduler.kv_source import KVSource
-from host.core.scheduler.policy import create_request_queue
+from host.core.scheduler.limits import check_scheduler_config
+from host.core.scheduler.request_book import RequestBook
 from host.core.scheduler.step_plan import StepPlan
-from host.core.spec_decode.scheduler import SpecDecodeFeature
-from host.core.structured_output.scheduler import StructuredOutputFeature
-
-logger = logging.getLogger(__name__)
+from host.core.scheduler.stop import check_stop
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-class Scheduler:
+class Scheduler(RequestBook):
     """Continuous-batching scheduler over one :class:`KVCacheManager`.
 
     ``schedule()`` plans a step, the executor runs it, ``update_from_output()`` appends the
@@ -68,51 +49,20 @@ class Scheduler:
         speculative_config: Any = None,
         features: Iterable[SchedulerFeature] | None = None,
     ) -> None:
-        if cache_config.block_size != kv_cache_manager.block_size:
-            raise ValueError(
-                f"cache_config.block_size={cache_config.block_size} differs from the KV cache "
-                f"manager's block_size={kv_cache_manager.block_size}"
-            )
-        if (
-            not scheduler_config.enable_chunked_prefill
-            and scheduler_config.max_num_batched_tokens < scheduler_config.max_model_len
-            and not getattr(scheduler_config, "whole_prompts", False)  # a pooling model's front end checks it
-        ):
-            raise ValueError(
-                f"max_num_batched_tokens={scheduler_config.max_num_batched_tokens} is smaller than "
-                f"max_model_len={scheduler_config.max_model_len}, so a long prompt could never be "
-                "scheduled without chunked prefill; enable chunked prefill or raise "
-                "--max-num-batched-tokens to at least max_model_len"
-            )
+        check_scheduler_config(scheduler_config, cache_config, kv_cache_manager)
         self.scheduler_config = scheduler_config
         self.cache_config = cache_config
-        self.kv_cache_manager = kv_cache_manager
-        self.block_size = kv_cache_manager.block_size
         self.max_model_len = scheduler_config.max_model_len
         self.max_num_running_reqs = scheduler_config.max_num_seqs
         self.max_num_scheduled_tokens = scheduler_config.max_num_batched_tokens
 
-        self.requests: dict[str, Request] = {}
-        self.waiting = create_request_queue(scheduler_config.policy)
-        self.running: list[Request] = []
-        # finished since the last schedule(): the runner drops them from its batch next step
-        self.finished_req_ids: set[str] = set()
-        # outputs of requests the scheduler itself finished (reported by update_from_output)
-        self._pending_outputs: list[EngineCoreOutput] = []
-        self.num_preemptions = 0
-        # each request's queued / scheduled / preempted moments not yet sent (the latency metrics)
-        self._events: dict[str, list[EngineCoreEvent]] = {}
         # the features' seams (feature.py): drafts, adapters, KV transfer, pooling, grammars
         if features is None:
             features = default_features(
                 kv_cache_manager, self.max_model_len, kv_connector, kv_transfer_config, steps_in_flight,
                 lora_config, speculative_config,
             )
-        self.features: list[SchedulerFeature] = list(features)
-        for feature in self.features:
-            feature.bind(self)
-        # where external KV comes from and who frees blocks: a feature's own source, or the local cache
-        self.kv_source: KVSource = next((f for f in self.features if isinstance(f, KVSource)), KVSource(kv_cache_manager))
+        RequestBook.__init__(self, kv_cache_manager, scheduler_config.max_model_len, scheduler_config.policy, features)
         self.kv_lookahead = max((f.kv_lookahead for f in self.features), default=0)
         self._admitters = overriding(self.features, "admit")
         self._contributors = overriding(self.features, "contribute")
@@ -124,90 +74,6 @@ class Scheduler:
         # pipeline parallelism: the first stage never sees sampled tokens, so the plan carries
         # each running request's input tokens (CachedRequestData.new_token_ids)
         self.send_token_ids = send_token_ids
-
-    def feature(self, name: str) -> SchedulerFeature | None:
-        """The feature of that name, if it runs (``"spec_decode"``, ``"lora"``, ``"kv_transfer"``, ...)."""
-        return next((f for f in self.features if f.name == name), None)
-
-    # -- requests in and out ------------------------------------------------------------------
-    def add_request(self, request: Request) -> None:
-        """Queue a request. Raises ValueError for a duplicate id, an empty prompt, or a prompt
-        longer than ``max_model_len`` or than the whole KV cache."""
-        req_id = request.request_id
-        if req_id in self.requests:
-            raise ValueError(f"request id {req_id!r} is already in use; request ids must be unique")
-        n = request.num_prompt_tokens
-        if n == 0:
-            raise ValueError(f"request {req_id!r} has an empty prompt; send at least one token")
-        if n > self.max_model_len:
-            raise ValueError(
-                f"request {req_id!r} has {n} prompt tokens, more than max_model_len="
-                f"{self.max_model_len}; shorten the prompt or raise --max-model-len"
-            )
-        usable = self.kv_cache_manager.num_blocks - 1
-        if _cdiv(n, self.block_size) > usable:
-            raise ValueError(
-                f"request {req_id!r} has {n} prompt tokens but the KV cache holds only {usable} "
-                f"blocks of {self.block_size} tokens; raise --kv-cache-memory or shorten the prompt"
-            )
-        if self._block_hasher is not None:
-            if request.block_hasher is None:
-                request.set_block_hasher(self._block_hasher)
-            elif getattr(request.block_hasher, "block_size", self.block_size) != self.block_size:
-                raise ValueError(
-                    f"request {req_id!r} hashes blocks of {request.block_hasher.block_size} tokens "
-                    f"but the KV cache uses block_size={self.block_size}; leave block_hasher unset"
-                )
-        if request.structured_output is not None:
-            request.status = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
-        else:
-            request.status = RequestStatus.WAITING
-        self.requests[req_id] = request
-        self.waiting.add_request(request)
-        self._events[req_id] = [EngineCoreEvent(EVENT_QUEUED, time.monotonic())]
-
-    def finish_requests(self, request_ids: str | Iterable[str], finished_status: RequestStatus) -> None:
-        """Finish requests from outside (abort, a stop string found by the detokenizer): their
-        blocks are freed now. Unknown or already finished ids are ignored."""
-        if not finished_status.is_finished:
-            raise ValueError(f"finished_status={finished_status.name} is not a finished status")
-        if isinstance(request_ids, str):
-            request_ids = (request_ids,)
-        running_ids: set[str] = set()
-        waiting: list[Request] = []
-        for req_id in request_ids:
-            request = self.requests.get(req_id)
-            if request is None:
-                continue
-            was = request.status
-            if was == RequestStatus.RUNNING:
-                running_ids.add(req_id)
-            else:
-                waiting.append(request)
-            request.status = finished_status
-            self._free_request(request, was)
-        if running_ids:
-            self.running = [r for r in self.running if r.request_id not in running_ids]
-        if waiting:
-            self.waiting.remove_requests(waiting)
-
-    def has_unfinished_requests(self) -> bool:
-        return bool(self.running) or bool(self.waiting)
-
-    def has_pending_kv_transfers(self) -> bool:
-        """KV a connector still moves for requests (loads in flight, blocks held for a consumer):
-        the engine keeps stepping, idle or not, until the workers report them."""
-        return self.kv_source.has_pending()
-
-    def has_finished_requests(self) -> bool:
-        """Finished ids not yet sent to the runner (a step is needed to tell it)."""
-        return bool(self.finished_req_ids) or bool(self._pending_outputs)
-
-    def get_num_unfinished_requests(self) -> int:
-        return len(self.running) + len(self.waiting)
-
-    def reset_prefix_cache(self) -> bool:
-        return self.kv_cache_manager.reset_prefix_cache()
 
     # -- one step -----------------------------------------------------------------------------
     def schedule(self, in_flight: Container[str] = frozenset(), max_num_reqs: int | None = None) -> SchedulerOutput:
@@ -385,16 +251,6 @@ class Scheduler:
                 return drafts
         return []
 
-    def _start_running(self, request: Request, num_computed: int) -> None:
-        request.num_computed_tokens = num_computed
-        if request.num_cached_tokens < 0:
-            request.num_cached_tokens = num_computed
-        request.status = RequestStatus.RUNNING
-        self.running.append(request)
-        for feature in self._admitters:
-            feature.admitted(request)
-        self._events.setdefault(request.request_id, []).append(EngineCoreEvent(EVENT_SCHEDULED, time.monotonic()))
-
     def _done_once_returned(self, request: Request) -> bool:
         """Whether the tokens in flight already end the request by length (so planning another
         step for it would only be thrown away)."""
@@ -448,7 +304,7 @@ class Scheduler:
             for token_id in sampled:
                 request.append_output_token_ids(token_id)
                 new_token_ids.append(token_id)
-                if self._check_stop(request):
+                if check_stop(request, self.max_model_len):
                     break
             error = None
             for feature in self._token_takers:  # drafts rolled back, grammars fed
@@ -492,19 +348,6 @@ class Scheduler:
                 return output
         return None
 
-    # -- what features may do to requests ------------------------------------------------------
-    def requeue(self, request: Request) -> None:
-        """Send a running request back to the front of the waiting queue (its blocks already
-        freed by the caller, its progress reset): it is admitted again like a new request."""
-        self.running.remove(request)
-        request.status = RequestStatus.WAITING
-        self.waiting.prepend_request(request)
-
-    def fail_running(self, request: Request, error: str) -> None:
-        """Finish a running request with ``error`` (it goes out with its final output)."""
-        self.running.remove(request)
-        self._fail_request(request, error, was=RequestStatus.RUNNING)
-
     # -- stats --------------------------------------------------------------------------------
     def make_stats(self) -> SchedulerStats:
         pc = self.kv_cache_manager.prefix_cache_stats
@@ -522,98 +365,3 @@ class Scheduler:
             feature.stats(stats, self.running, self.waiting)
         return stats
 
-    # -- internals ----------------------------------------------------------------------------
-    def _check_stop(self, request: Request) -> bool:
-        """Apply the stop conditions to the token just appended; sets status and stop_reason."""
-        sp = request.sampling_params
-        output = request.output_token_ids
-        num_output = len(output)
-        last = output[-1]
-        # EOS and stop token ids count only once min_tokens tokens precede them
-        if num_output > sp.min_tokens:
-            if not sp.ignore_eos and last == request.eos_token_id:
-                request.status = RequestStatus.FINISHED_STOPPED
-                return True
-            if last in sp.stop_token_ids:
-                request.status = RequestStatus.FINISHED_STOPPED
-                request.stop_reason = last
-                return True
-        if (sp.max_tokens is not None and num_output >= sp.max_tokens) or len(request.all_token_ids) >= self.max_model_len:
-            request.status = RequestStatus.FINISHED_LENGTH_CAPPED
-            return True
-        return False
-
-    def _preempt_request(self, request: Request) -> None:
-        """Recompute preemption: free the blocks, forget progress, requeue at the front."""
-        self.kv_source.free(request)
-        request.status = RequestStatus.PREEMPTED
-        request.num_computed_tokens = 0
-        request.num_output_placeholders = 0  # a token in flight is dropped: it is recomputed
-        request.num_preemptions += 1
-        self.num_preemptions += 1
-        self._events.setdefault(request.request_id, []).append(EngineCoreEvent(EVENT_PREEMPTED, time.monotonic()))
-        self.waiting.prepend_request(request)
-
-    def _cap_for_kv_exhaustion(self, request: Request) -> None:
-        """Finish a request that cannot fit in the whole KV cache (only possible when the cache
-        is smaller than one max_model_len request, e.g. with num_gpu_blocks_override)."""
-        logger.warning(
-            "request %s needs more KV cache blocks than exist (%d tokens, %d usable blocks of %d); "
-            "finishing it with reason 'length'. Raise --kv-cache-memory or lower --max-model-len.",
-            request.request_id,
-            request.num_tokens,
-            self.kv_cache_manager.num_blocks - 1,
-            self.block_size,
-        )
-        was = request.status
-        if was == RequestStatus.RUNNING:
-            self.running.remove(request)
-        request.status = RequestStatus.FINISHED_LENGTH_CAPPED
-        self._free_request(request, was)
-        self._pending_outputs.append(
-            EngineCoreOutput(
-                req_id=request.request_id,
-                new_token_ids=[],
-                finish_reason="length",
-                num_cached_tokens=max(request.num_cached_tokens, 0),
-            )
-        )
-
-    def _fail_request(self, request: Request, error: str, was: RequestStatus = RequestStatus.WAITING) -> None:
-        """Finish a request that cannot run (its grammar did not compile, its KV load failed
-        under kv_load_failure_policy=fail); the error goes out with its final output."""
-        request.status = RequestStatus.FINISHED_ABORTED
-        self._free_request(request, was)
-        self._pending_outputs.append(
-            EngineCoreOutput(req_id=request.request_id, new_token_ids=[], finish_reason="abort", error=error)
-        )
-
-    def _free_request(self, request: Request, was: RequestStatus = RequestStatus.RUNNING) -> dict[str, Any] | None:
-        """Forget a finished request and free its blocks (or let the KV source, a connector,
-        take them over). ``was`` is its status before it finished. Returns the KV source's
-        kv_transfer_params for its last output."""
-        self._events.pop(request.request_id, None)
-        for feature in self.features:
-            feature.finished(request, was)
-        params = self.kv_source.release(request, was)
-        del self.requests[request.request_id]
-        self.finished_req_ids.add(request.request_id)
-        return params
-
-
-def default_features(
-    kv: KVCacheManager, max_model_len: int, kv_connector: Any = None, kv_transfer_config: Any = None,
-    steps_in_flight: bool = False, lora_config: Any = None, speculative_config: Any = None,
-) -> list[SchedulerFeature]:
-    """The built-in features an engine's configs turn on, in the order their seams are called
-    (drafts before grammars take the tokens; grammars, then adapters, then remote loads admit)."""
-    features: list[SchedulerFeature] = []
-    if speculative_config is not None:  # --speculative-config: drafts, rollback, acceptance counts
-        features.append(SpecDecodeFeature(speculative_config, max_model_len))
-    features.append(StructuredOutputFeature())
-    if lora_config is not None:  # --enable-lora: at most max_loras adapters among the running requests
-        features.append(LoRAFeature(lora_config.max_loras))
-    if kv_connector is not None:  # --kv-transfer-config; with steps in flight, frees wait for them
-        features.append(KVTransferFeature(kv_connector, kv_transfer_config, kv, steps_in_flight))
-    features.append(PoolingFeature())
-    return features
