@@ -127,6 +127,37 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
         return self.finish_reason is not None
 
 
+class SpecDecodingStats(msgspec.Struct, omit_defaults=True):
+    """Speculative decoding's totals since start-up (vLLM's names)."""
+
+    num_drafts: int = 0  # request-steps that verified at least one draft
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: list[int] = msgspec.field(default_factory=list)  # by draft position
+
+    def observe(self, num_draft_tokens: int, num_accepted: int) -> None:
+        """One request-step verified ``num_draft_tokens`` drafts and accepted the first ``num_accepted``."""
+        if num_draft_tokens <= 0:
+            return
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted
+        per_pos = self.num_accepted_tokens_per_pos
+        if len(per_pos) < num_draft_tokens:
+            per_pos.extend([0] * (num_draft_tokens - len(per_pos)))
+        for i in range(num_accepted):
+            per_pos[i] += 1
+
+
+class LoRAStats(msgspec.Struct):
+    """The adapters in use (vLLM's ``lora_requests_info``): ``max_lora`` and, per adapter name,
+    how many running and waiting requests use it."""
+
+    max_lora: int
+    running: dict[str, int] = msgspec.field(default_factory=dict)
+    waiting: dict[str, int] = msgspec.field(default_factory=dict)
+
+
 class SchedulerStats(msgspec.Struct, omit_defaults=True):
     """A snapshot of the scheduler for metrics (counters are totals since start-up)."""
 
@@ -145,12 +176,10 @@ class SchedulerStats(msgspec.Struct, omit_defaults=True):
     # the KV connector's counters (external_hit_tokens, load_bytes, save_bytes,
     # failed_transfers, failed_loads, ...), totals since start-up; None without a connector
     kv_connector_stats: dict[str, int] | None = None
-    # --speculative-config: totals since start-up (num_drafts, num_draft_tokens,
-    # num_accepted_tokens, num_accepted_tokens_per_pos: a list by draft position); else None
-    spec_decoding: dict[str, Any] | None = None
-    # --enable-lora: {"max_lora": N, "running": {name: requests}, "waiting": {name: requests}}
-    # (core/lora/scheduler.py:lora_stats); else None
-    lora_stats: dict[str, Any] | None = None
+    # --speculative-config: totals since start-up (core/spec_decode/scheduler.py); else None
+    spec_decoding: SpecDecodingStats | None = None
+    # --enable-lora: the adapters in use (core/lora/scheduler.py); else None
+    lora_stats: LoRAStats | None = None
 
 
 class UtilityResult(msgspec.Struct):

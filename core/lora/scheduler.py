@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Hashable, Iterable
 
+from host.contracts.messages import LoRAStats
 from host.core.scheduler.feature import WAIT, SchedulerFeature
 
 if TYPE_CHECKING:
@@ -63,11 +64,11 @@ class LoRAFeature(SchedulerFeature):
         stats.lora_stats = lora_stats(self.max_loras, running, waiting)
 
 
-def lora_stats(max_loras: int, running: Iterable["Request"], waiting: Iterable["Request"]) -> dict[str, object]:
+def lora_stats(max_loras: int, running: Iterable["Request"], waiting: Iterable["Request"]) -> LoRAStats:
     """The adapters in use, for ``/metrics`` (vLLM's ``lora_requests_info``): ``max_lora`` and,
     per adapter name, how many running and waiting requests use it."""
 
     def by_name(requests: Iterable["Request"]) -> dict[str, int]:
         return dict(Counter(r.lora_request.lora_name for r in requests if r.lora_request is not None))
 
-    return {"max_lora": max_loras, "running": by_name(running), "waiting": by_name(waiting)}
+    return LoRAStats(max_lora=max_loras, running=by_name(running), waiting=by_name(waiting))

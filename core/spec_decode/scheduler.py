@@ -20,6 +20,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
+from host.contracts.messages import SpecDecodingStats
 from host.core.scheduler.feature import SchedulerFeature
 
 if TYPE_CHECKING:
@@ -57,27 +60,6 @@ class _AutoOff:
     strikes: int = 0  # consecutive turn-offs (0: not probing)
 
 
-@dataclass
-class SpecDecodingStats:
-    """Counts of one or more steps, as the metrics report them (vLLM's names)."""
-
-    num_drafts: int = 0  # requests-steps that verified at least one draft
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
-
-    def observe(self, num_draft_tokens: int, num_accepted: int) -> None:
-        if num_draft_tokens <= 0:
-            return
-        self.num_drafts += 1
-        self.num_draft_tokens += num_draft_tokens
-        self.num_accepted_tokens += num_accepted
-        if len(self.num_accepted_tokens_per_pos) < num_draft_tokens:
-            self.num_accepted_tokens_per_pos.extend([0] * (num_draft_tokens - len(self.num_accepted_tokens_per_pos)))
-        for i in range(num_accepted):
-            self.num_accepted_tokens_per_pos[i] += 1
-
-
 class SpecDecodeFeature(SchedulerFeature):
     """The scheduler's speculative-decoding state: per-request auto-off windows and the
     step's acceptance counts. Its seam: drafts contributed to running decodes, KV lookahead
@@ -91,7 +73,7 @@ class SpecDecodeFeature(SchedulerFeature):
         self.k = int(spec.num_speculative_tokens)
         self.max_model_len = max_model_len
         self._auto: dict[str, _AutoOff] = {}
-        self.counts = SpecDecodingStats()
+        self.counts = SpecDecodingStats()  # the totals since start-up
 
     def contribute(self, request: "Request", budget: int, num_running: int) -> list[int]:
         """The drafts ``request`` (a running decode) is scheduled with this step: its proposed
@@ -172,12 +154,6 @@ class SpecDecodeFeature(SchedulerFeature):
     def stats(self, stats: "SchedulerStats", running: list["Request"], waiting: Any) -> None:
         stats.spec_decoding = self.totals()
 
-    def totals(self) -> dict[str, Any]:
-        """The counts since start-up (``SchedulerStats.spec_decoding``)."""
-        s = self.counts
-        return {
-            "num_drafts": s.num_drafts,
-            "num_draft_tokens": s.num_draft_tokens,
-            "num_accepted_tokens": s.num_accepted_tokens,
-            "num_accepted_tokens_per_pos": list(s.num_accepted_tokens_per_pos),
-        }
+    def totals(self) -> SpecDecodingStats:
+        """A copy of the counts since start-up (``SchedulerStats.spec_decoding``)."""
+        return msgspec.structs.replace(self.counts, num_accepted_tokens_per_pos=list(self.counts.num_accepted_tokens_per_pos))

@@ -14,6 +14,7 @@ import logging
 import time
 from typing import Any
 
+from host.contracts.messages import SpecDecodingStats
 from host.sdk import StatLogger
 
 logger = logging.getLogger("host.stats")
@@ -29,7 +30,7 @@ class LoggingStatLogger(StatLogger):
         self.queries = self.hits = 0
         self.last_scheduler_stats: Any = None
         self._was_busy = False
-        self._spec_at_last_line: dict[str, Any] = {}  # speculative decoding's totals at the last line
+        self._spec_at_last_line = SpecDecodingStats()  # speculative decoding's totals at the last line
 
     def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
         if scheduler_stats is not None:
@@ -73,10 +74,10 @@ class LoggingStatLogger(StatLogger):
         totals = getattr(s, "spec_decoding", None) if s is not None else None
         if not totals:
             return ""
-        last, self._spec_at_last_line = self._spec_at_last_line, dict(totals)
-        drafts = totals["num_drafts"] - last.get("num_drafts", 0)
-        drafted = totals["num_draft_tokens"] - last.get("num_draft_tokens", 0)
-        accepted = totals["num_accepted_tokens"] - last.get("num_accepted_tokens", 0)
+        last, self._spec_at_last_line = self._spec_at_last_line, totals
+        drafts = totals.num_drafts - last.num_drafts
+        drafted = totals.num_draft_tokens - last.num_draft_tokens
+        accepted = totals.num_accepted_tokens - last.num_accepted_tokens
         if drafts <= 0:
             return ""
         return (f", Spec decode: acceptance rate {accepted / max(drafted, 1) * 100:.1f}%, "

@@ -252,13 +252,13 @@ class PrometheusStatLogger(StatLogger):
             spec = getattr(s, "spec_decoding", None)
             if spec and self._spec_per_pos is not None:
                 for key, metric in self.spec_counters.items():
-                    self._add_total(f"spec:{key}", int(spec.get(key, 0)), metric)
-                for pos, total in enumerate(spec.get("num_accepted_tokens_per_pos", ())):
+                    self._add_total(f"spec:{key}", int(getattr(spec, key)), metric)
+                for pos, total in enumerate(spec.num_accepted_tokens_per_pos):
                     self._add_total(f"spec:pos{pos}", int(total), self._spec_per_pos.labels(*self._values, str(pos)))
             lora = getattr(s, "lora_stats", None)
             if lora and self._lora_info is not None:
                 self._lora_info.labels(
-                    *self._values, str(lora["max_lora"]), ",".join(sorted(lora["waiting"])), ",".join(sorted(lora["running"])),
+                    *self._values, str(lora.max_lora), ",".join(sorted(lora.waiting)), ",".join(sorted(lora.running)),
                 ).set_to_current_time()
         it = iteration_stats
         if it is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from host.contracts.lora_request import LoRARequest
+from host.contracts.messages import LoRAStats
 from host.contracts.request import Request, RequestStatus
 from host.contracts.runner_output import ModelRunnerOutput
 from host.contracts.sampling_params import SamplingParams
@@ -97,11 +98,11 @@ def test_the_stats_name_the_running_and_the_waiting_adapters():
     sched = make_scheduler(max_loras=1)
     for r in (req("a1", A), req("b1", B), req("a2", A), req("base", None)):
         sched.add_request(r)
-    assert sched.make_stats().lora_stats == {"max_lora": 1, "running": {}, "waiting": {"a": 2, "b": 1}}
+    assert sched.make_stats().lora_stats == LoRAStats(max_lora=1, running={}, waiting={"a": 2, "b": 1})
     step(sched)
-    assert sched.make_stats().lora_stats == {"max_lora": 1, "running": {"a": 2}, "waiting": {"b": 1}}
+    assert sched.make_stats().lora_stats == LoRAStats(max_lora=1, running={"a": 2}, waiting={"b": 1})
     run(sched, 1, [])
-    assert sched.make_stats().lora_stats == {"max_lora": 1, "running": {}, "waiting": {}}
+    assert sched.make_stats().lora_stats == LoRAStats(max_lora=1, running={}, waiting={})
     assert make_scheduler(max_loras=None).make_stats().lora_stats is None
 
 

@@ -93,8 +93,8 @@ def test_greedy_tokens_equal_the_plain_engine_and_transformers(spec, greedy_base
     for p, o in list(zip(PROMPTS, got))[:4]:
         assert o.token_ids == hf_greedy(hf, p, MAX_NEW)
     after = spec_totals(spec)
-    drafted = after["num_draft_tokens"] - before["num_draft_tokens"]
-    accepted = after["num_accepted_tokens"] - before["num_accepted_tokens"]
+    drafted = after.num_draft_tokens - before.num_draft_tokens
+    accepted = after.num_accepted_tokens - before.num_accepted_tokens
     assert drafted > 150 and accepted > 0.5 * drafted, (drafted, accepted)  # speculation really ran
     assert spec.engine.kv_cache_manager.prefix_cache_stats.hits > 0
 
@@ -190,7 +190,7 @@ def test_sampling_follows_the_target_distribution(tiny_checkpoint):
     params = [SamplingParams(max_tokens=4, temperature=1.0, ignore_eos=True, seed=s) for s in range(n)]
     got = generate(llm, [prompt] * n, params)
     totals = spec_totals(llm)
-    assert totals["num_accepted_tokens"] > 100 and totals["num_draft_tokens"] > totals["num_accepted_tokens"]
+    assert totals.num_accepted_tokens > 100 and totals.num_draft_tokens > totals.num_accepted_tokens
     m1, m2 = _marginals(hf_model(path), prompt, vocab)
     c1 = np.bincount([o.token_ids[1] for o in got], minlength=vocab)
     c2 = np.bincount([o.token_ids[2] for o in got], minlength=vocab)

@@ -56,7 +56,7 @@ def test_stop_strings_end_at_the_right_token(engines):
     assert len(got.logprobs) == len(got.token_ids)
     assert got.cumulative_logprob == pytest.approx(want.cumulative_logprob, abs=1e-3)
     totals = spec.engine.scheduler.feature("spec_decode").totals()
-    assert totals["num_accepted_tokens"] >= 8
+    assert totals.num_accepted_tokens >= 8
     for llm in engines:
         manager = llm.engine.kv_cache_manager
         assert manager.block_pool.get_num_free_blocks() == manager.num_blocks - 1
