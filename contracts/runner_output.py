@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from host.contracts.messages import TokenLogprobs
 
@@ -32,3 +32,25 @@ class ModelRunnerOutput:
     def get_output(self) -> "ModelRunnerOutput":
         """A finished output is its own step handle (see ``Executor.execute_model``)."""
         return self
+
+
+class StepHandle(Protocol):
+    """What ``ModelRunner.execute_model`` returns: a finished :class:`ModelRunnerOutput`, or a
+    launched step's handle (``host.core.worker.step_handle.PendingStep``) whose
+    :meth:`get_output` waits for it."""
+
+    kv_connector_output: Any
+
+    def get_output(self) -> ModelRunnerOutput:
+        """The step's output (waiting for the device if it is still running)."""
+        ...
+
+
+@dataclass
+class StepTiming:
+    """Where one step's time went: the sampler (metadata included) against the whole step."""
+
+    num_reqs: int
+    num_tokens: int
+    sampler_s: float
+    step_s: float

@@ -10,24 +10,44 @@ requests, and sampling that reads a request's history (penalties, seeds, grammar
 all of it. So that one step does not take every request and leave the next ones empty, each
 step gets an even share of the requests not in flight over the free places in the queue
 (``max_num_reqs``): with ``-pp 2`` and 8 decoding requests, two steps of 4 alternate.
+
+The queue drives its engine core through public members only (:class:`QueuedEngine`); the core
+imports this module, never the other way round.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from host.contracts.messages import EngineCoreOutputs
+from host.contracts.runner_output import ModelRunnerOutput
 from host.contracts.scheduler_output import SchedulerOutput
 
-if TYPE_CHECKING:
-    from host.core.engine.core import EngineCore
+
+class QueuedEngine(Protocol):
+    """What the batch queue uses of its engine core (``host.core.engine.core.EngineCore``)."""
+
+    scheduler: Any  # its Scheduler: schedule(in_flight=..., max_num_reqs=...), waiting, running, make_stats()
+    executor: Any  # its executor: execute_model(so, non_blocking=True) -> a step handle
+
+    def attach_grammar_bitmask(self, scheduler_output: SchedulerOutput) -> None:
+        """Add the structured-output bitmask rows to a step about to launch."""
+        ...
+
+    def idle_step(self, scheduler_output: SchedulerOutput) -> EngineCoreOutputs:
+        """A step that computes nothing (finished / preempted requests dropped, ended ones reported)."""
+        ...
+
+    def update_from_output(self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput) -> EngineCoreOutputs:
+        """The scheduler's update from one step's output."""
+        ...
 
 
 class BatchQueue:
     """The launched, unprocessed steps of one engine core, oldest first (at most ``depth``)."""
 
-    def __init__(self, core: "EngineCore", depth: int) -> None:
+    def __init__(self, core: QueuedEngine, depth: int) -> None:
         if depth < 1:
             raise ValueError(f"batch queue depth={depth} must be >= 1 (the executor's max_concurrent_batches)")
         self.core = core
@@ -60,13 +80,13 @@ class BatchQueue:
                     or so.kv_connector_metadata is not None):
                 # a step that only drops finished / preempted requests (or carries a KV
                 # connector's plan) still goes through the pipeline: every stage must see it in order
-                core._attach_grammar_bitmask(so)
+                core.attach_grammar_bitmask(so)
                 self._steps.append((so, core.executor.execute_model(so, non_blocking=True)))
                 self._in_flight.update(so.num_scheduled_tokens)
                 if so.total_num_scheduled_tokens > 0 and len(self._steps) < self.depth:
                     return EngineCoreOutputs(outputs=[], scheduler_stats=scheduler.make_stats())
             elif not self._steps:
-                return core._idle_step(so)
+                return core.idle_step(so)
         so, handle = self._steps.popleft()
         self._in_flight.difference_update(so.num_scheduled_tokens)
-        return core._update(so, handle.get_output())
+        return core.update_from_output(so, handle.get_output())

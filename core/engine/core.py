@@ -165,7 +165,7 @@ class EngineCore:
         if futures:
             concurrent.futures.wait(futures, timeout=timeout, return_when=concurrent.futures.FIRST_COMPLETED)
 
-    def _attach_grammar_bitmask(self, scheduler_output: SchedulerOutput) -> None:
+    def attach_grammar_bitmask(self, scheduler_output: SchedulerOutput) -> None:
         """Bitmask rows for the constrained requests that sample a token this step (one per
         position of a request verifying drafts)."""
         if self._structured_output_manager is None:
@@ -214,9 +214,9 @@ class EngineCore:
     def _finish_in_flight(self) -> EngineCoreOutputs:
         scheduler_output, handle = self._in_flight
         self._in_flight = None
-        return self._update(scheduler_output, handle.get_output())
+        return self.update_from_output(scheduler_output, handle.get_output())
 
-    def _update(self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput) -> EngineCoreOutputs:
+    def update_from_output(self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput) -> EngineCoreOutputs:
         """The scheduler's update from one step's output (the KV connector's per-rank reports
         combined first)."""
         if self._kv_outputs is not None:
@@ -229,24 +229,24 @@ class EngineCore:
         scheduler_output = self.scheduler.schedule()
         if scheduler_output.total_num_scheduled_tokens == 0:
             done = self._finish_in_flight().outputs if self._in_flight is not None else []
-            idle = self._idle_step(scheduler_output)
+            idle = self.idle_step(scheduler_output)
             idle.outputs = done + idle.outputs
             return idle
         handle = self.executor.execute_model(scheduler_output, non_blocking=True)
         previous, self._in_flight = self._in_flight, (scheduler_output, handle)
         if previous is None:
             return EngineCoreOutputs(outputs=[], scheduler_stats=self.scheduler.make_stats())
-        return self._update(previous[0], previous[1].get_output())
+        return self.update_from_output(previous[0], previous[1].get_output())
 
     def _step_sync(self) -> EngineCoreOutputs:
         scheduler_output = self.scheduler.schedule()
         if scheduler_output.total_num_scheduled_tokens == 0:
-            return self._idle_step(scheduler_output)
-        self._attach_grammar_bitmask(scheduler_output)
+            return self.idle_step(scheduler_output)
+        self.attach_grammar_bitmask(scheduler_output)
         runner_output = self.executor.execute_model(scheduler_output)
-        return self._update(scheduler_output, runner_output)
+        return self.update_from_output(scheduler_output, runner_output)
 
-    def _idle_step(self, scheduler_output: SchedulerOutput) -> EngineCoreOutputs:
+    def idle_step(self, scheduler_output: SchedulerOutput) -> EngineCoreOutputs:
         """A step that computes nothing: the runner drops finished / preempted requests, and
         requests the scheduler ended without a step (capped, failed grammars) are reported.
         With a KV connector the workers always see the step: it may start loads, and they
@@ -261,7 +261,7 @@ class EngineCore:
         elif scheduler_output.finished_req_ids or scheduler_output.preempted_req_ids:
             self.executor.execute_model(scheduler_output)
         self._wait_for_grammars()
-        return self._update(scheduler_output, empty)
+        return self.update_from_output(scheduler_output, empty)
 
     # -- utilities: named calls the front end makes (UtilityCall over the wire) -----------------
     def utility_plugins(self) -> list[dict[str, Any]]:

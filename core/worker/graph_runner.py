@@ -84,11 +84,11 @@ class DecodeGraphs:
                 block_size=runner.block_size,
             )
             attn_metadata = builder.build(common)
-            extra = {"attention_layers": runner._attention_layers}
+            extra = {"attention_layers": runner.attention_layers}
 
             def forward(b: int = b, md: Any = attn_metadata) -> torch.Tensor:
                 with set_forward_context(ForwardContext(md, runner.kv_caches, extra)):
-                    return runner._forward(self.input_ids[:b], self.positions[:b])
+                    return runner.model_forward(self.input_ids[:b], self.positions[:b])
 
             forward()  # warm-up: kernel compilation and autotuning happen outside the capture
             forward()

@@ -1,5 +1,15 @@
 """The model runner: turns a :class:`SchedulerOutput` into one forward pass and sampled tokens.
 
+The runner owns loading, the KV cache, memory profiling and decode graphs, and exposes one step's
+*phases* as public methods: :meth:`ModelRunner.update_states`, :meth:`ModelRunner.prepare_inputs`,
+:meth:`ModelRunner.run_forward`, :meth:`ModelRunner.logits_at`,
+:meth:`ModelRunner.keep_sampled_on_device`, :meth:`ModelRunner.record_sampled` and
+:meth:`ModelRunner.prompt_logprobs`. A *step kind* composes them into a whole step: the plain
+sampling step (:mod:`.sampling_step`), the speculative verify step (:mod:`.spec_decode.verify`)
+or the pooling step (:mod:`.pooling_runner`). The runner imports none of them: it is handed a
+factory for its step kind (the worker's :func:`~host.core.worker.worker.make_step_kind`) and
+calls it through the :class:`~host.core.worker.step_kind.StepKind` protocol.
+
 It keeps a *persistent batch*: per-request rows of token ids, computed-token counts and block
 tables that live across steps, so each step only applies what changed (new requests, new
 blocks, finished requests) instead of rebuilding the batch. Inputs (``input_ids``, ``positions``,
@@ -11,25 +21,23 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from host.contracts.forward_context import ForwardContext, set_forward_context
 from host.contracts.messages import TokenLogprobs
-from host.contracts.runner_output import ModelRunnerOutput
+from host.contracts.runner_output import ModelRunnerOutput, StepHandle, StepTiming
 from host.contracts.scheduler_output import NewRequestData, SchedulerOutput
 from host.core.config import EngineConfig
-from host.core.structured_output.worker import bitmask_to_bool
 from host.core.worker.graph_runner import DecodeGraphs
 from host.core.worker.host_staging import HostStaging
 from host.core.worker.input_batch import CachedRequestState, InputBatch, StepInputs
 from host.core.worker.kv_buffer import allocate_kv_buffer
 from host.core.worker.pipeline import PipelineStage
-from host.core.worker.sampler import LogprobsTensors, Sampler, gather_logprobs, make_metadata, seeded_generator
-from host.core.worker.step_handle import PendingStep, StepTiming
+from host.core.worker.sampler import LogprobsTensors, Sampler, gather_logprobs
+from host.core.worker.step_kind import StepKind
 from host.interfaces.attention import AttentionBackend, CommonAttentionMetadata
 
 logger = logging.getLogger("host.model_runner")
@@ -49,10 +57,16 @@ def head_size_of(hf_config: Any) -> int:
 
 
 class ModelRunner:
-    """Owns the model, the KV cache tensors and the persistent batch of one worker."""
+    """Owns the model, the KV cache tensors and the persistent batch of one worker.
 
-    def __init__(self, config: EngineConfig, device: torch.device, platform: Any) -> None:
+    ``make_step`` builds the runner's step kind once the model is loaded (it receives the
+    runner); :meth:`execute_model` runs every step through it."""
+
+    def __init__(self, config: EngineConfig, device: torch.device, platform: Any,
+                 make_step: Callable[["ModelRunner"], StepKind]) -> None:
         self.config = config
+        self.make_step = make_step
+        self.step_kind: StepKind | None = None  # built by load_model
         self.device = device
         self.platform = platform
         self.model: torch.nn.Module | None = None
@@ -76,9 +90,7 @@ class ModelRunner:
         self._attn_builder: Any = None
         self._attn_metadata: Any = None  # the last step's (a KV connector's save_kv_layer reads it)
         self.kv_connector: Any = None  # WorkerKVConnector with --kv-transfer-config
-        self.spec_decode: Any = None  # SpecDecodeStep with --speculative-config (spec_decode/verify.py)
         self.lora: Any = None  # WorkerLoRA with --enable-lora
-        self.pooling: Any = None  # PoolingRunner for a pooling model (pooling_runner.py, docs/pooling.md)
         self.block_size = config.cache.block_size
         if config.compilation.custom_ops is None:  # a config built without EngineArgs
             config.compilation.resolve(config.scheduler.max_num_seqs, platform.can_capture_graphs())
@@ -113,16 +125,11 @@ class ModelRunner:
         # what the weights occupy once the platform has prepared them (repacked copies included)
         self.resident_weight_bytes = weight_bytes(self.model)
         self.sampler = Sampler(draw_kernel=self.platform.sampling_kernel(self.config))
-        if self.config.model.runner == "pooling":  # pool prompts instead of sampling tokens
-            from host.core.worker.pooling_runner import PoolingRunner
-
-            self.pooling = PoolingRunner(self)
+        # the step kind is built before compiling (a pooling step turns decode graphs and the
+        # fused decode kernel off) and loads after it (a proposer's draft model)
+        self.step_kind = self.make_step(self)
         self._maybe_compile()
-        if getattr(self.config, "speculative", None) is not None:  # docs/speculative.md
-            from host.core.worker.spec_decode.verify import SpecDecodeStep
-
-            self.spec_decode = SpecDecodeStep(self)
-            self.spec_decode.load()
+        self.step_kind.load()
         logger.info(
             "Loaded %s (%s) with attention backend %s",
             self.config.model.architecture,
@@ -145,6 +152,27 @@ class ModelRunner:
         backend = getattr(self.platform, "simple_compile_backend", "inductor")
         self._forward = torch.compile(self.model, backend=backend, dynamic=True)
         logger.info("-O3: model forward compiled with torch.compile (backend %s, dynamic shapes)", backend)
+
+    @property
+    def spec_decode(self) -> Any:
+        """The speculative verify step (``--speculative-config``, :mod:`.spec_decode.verify`),
+        else ``None``."""
+        return self.step_kind if self.step_kind is not None and self.step_kind.name == "speculative" else None
+
+    @property
+    def pooling(self) -> Any:
+        """The pooling step of a pooling model (:mod:`.pooling_runner`), else ``None``."""
+        return self.step_kind if self.step_kind is not None and self.step_kind.name == "pooling" else None
+
+    @property
+    def attention_layers(self) -> dict[int, Any]:
+        """The model's attention layers by global layer index (what a forward context carries)."""
+        return self._attention_layers
+
+    def model_forward(self, input_ids: torch.Tensor, positions: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        """The model's forward as this runner calls it: compiled under ``-O3``, else the model
+        itself. The caller sets the forward context."""
+        return (self._forward if self._forward is not None else self.model)(input_ids, positions, **kwargs)
 
     @property
     def num_layers(self) -> int:
@@ -177,8 +205,8 @@ class ModelRunner:
                 specs.append(SlidingWindowSpec(self.block_size, self.num_kv_heads, self.head_size, kv_dtype, sliding_window=int(window)))
             else:
                 specs.append(FullAttentionSpec(self.block_size, self.num_kv_heads, self.head_size, kv_dtype))
-        if self.spec_decode is not None:  # a draft model's layers share the block budget
-            specs += self.spec_decode.kv_cache_specs()
+        if self.step_kind is not None:  # a draft model's layers share the block budget
+            specs += self.step_kind.kv_cache_specs()
         return specs
 
     @property
@@ -206,8 +234,8 @@ class ModelRunner:
         max_blocks = -(-max_model_len // self.block_size)
         self.input_batch = InputBatch(self.config.scheduler.max_num_seqs, max_model_len, max_blocks)
         self.num_blocks = num_blocks
-        if self.spec_decode is not None:
-            self.spec_decode.initialize_kv_cache(num_blocks)
+        if self.step_kind is not None:  # a draft model's own KV tensors
+            self.step_kind.initialize_kv_cache(num_blocks)
         if getattr(self.config, "kv_transfer", None) is not None:
             from host.core.kv_transfer.worker import WorkerKVConnector
 
@@ -253,8 +281,8 @@ class ModelRunner:
         no_cache = [torch.empty(0, dtype=self.dtype, device=self.device)] * self.num_layers
         stage_kw = self.pipeline.dummy_kwargs(n) if self.pipeline is not None else {}
         with set_forward_context(ForwardContext(None, no_cache, {"attention_layers": self._attention_layers})):
-            hidden = (self._forward if self._forward is not None else self.model)(input_ids, positions, **stage_kw)
-        if (self.pipeline is not None and not self.pipeline.is_last) or self.pooling is not None:
+            hidden = self.model_forward(input_ids, positions, **stage_kw)
+        if (self.pipeline is not None and not self.pipeline.is_last) or (self.step_kind is not None and not self.step_kind.computes_logits):
             return  # no logits on this stage, or none at all (a pooling model)
         rows = min(sched.max_num_seqs, n)
         logits = self.model.compute_logits(hidden[:rows])
@@ -262,9 +290,17 @@ class ModelRunner:
                               top_k=torch.full((rows,), 50, dtype=torch.int64), top_p=torch.full((rows,), 0.9))
         self.sampler(logits, md)
 
-    # -- one step ----------------------------------------------------------------------------
+    # -- one step: the phases a step kind composes ---------------------------------------------
 
-    def _update_states(self, so: SchedulerOutput) -> None:
+    def update_states(self, so: SchedulerOutput) -> bool:
+        """Phase 1: begin a step. The host staging buffers turn over to this step's, and the
+        persistent batch takes ``so``'s changes: finished and preempted requests leave, new
+        (and resumed) ones join, cached ones get their computed-token counts and new blocks,
+        and a pipeline stage that does not sample takes the tokens the last stage sent; then
+        the rows are condensed. Returns whether the step has tokens to run (``False``: nothing
+        scheduled, or no request left in the batch; the step kind then returns an empty
+        output without running the later phases)."""
+        self.staging.next_step()
         batch = self.input_batch
         assert batch is not None
         for req_id in so.finished_req_ids | so.preempted_req_ids:
@@ -281,6 +317,7 @@ class ModelRunner:
                 batch.states[index].block_ids.extend(new_blocks)
         self.pipeline.apply_new_token_ids(batch, cached)  # a stage that does not sample
         batch.condense()
+        return so.total_num_scheduled_tokens != 0 and batch.num_reqs != 0
 
     @staticmethod
     def _state_from_new(new: NewRequestData) -> CachedRequestState:
@@ -289,8 +326,15 @@ class ModelRunner:
         fields = {f.name: getattr(new, f.name) for f in dataclasses.fields(new)}
         return CachedRequestState(**{k: list(v) if isinstance(v, list) else v for k, v in fields.items()})
 
-    def _prepare_inputs(self, so: SchedulerOutput) -> StepInputs:
-        """The step's flattened inputs as host arrays, built with vectorised numpy."""
+    def prepare_inputs(self, so: SchedulerOutput) -> StepInputs:
+        """Phase 2: the step's flattened inputs as host arrays, built with vectorised numpy
+        from the persistent batch (after :meth:`update_states`). Each scheduled request
+        contributes its next ``so.num_scheduled_tokens[req_id]`` tokens, read from its row of
+        ``input_batch.token_ids`` starting at its computed-token count; a caller may append
+        tokens to a row (and raise its ``num_tokens``) for this call only, as the speculative
+        step does with drafts. Input tokens that the previous step sampled but the host has not
+        read yet (asynchronous scheduling) are listed in ``placeholders`` and filled on the
+        device by :meth:`run_forward`. Reads the batch only."""
         batch = self.input_batch
         assert batch is not None
         scheduled = so.num_scheduled_tokens
@@ -371,9 +415,13 @@ class ModelRunner:
         self.num_in_flight_tokens += len(flat)
         return self.staging.to_device("fill_at", flat), prev_ids[self.staging.to_device("fill_src", src)]
 
-    def _run_forward(self, inputs: StepInputs) -> torch.Tensor:
-        """Hidden states of the step's tokens: a graph replay for a decode batch that fits one,
-        else the (possibly compiled) forward."""
+    def run_forward(self, inputs: StepInputs) -> torch.Tensor:
+        """Phase 3: hidden states ``[len(inputs.input_ids), hidden]`` of the step's tokens (on
+        a stage before the last, its output for the next stage): a graph replay for a decode
+        batch that fits one, else the (possibly compiled) forward under a forward context with
+        this step's attention metadata, KV caches and LoRA mapping. Input tokens still in
+        flight are filled from the ids of :meth:`keep_sampled_on_device` first. Writes the KV
+        cache of every input token; leaves the persistent batch alone."""
         graphs = self.decode_graphs
         n = len(inputs.req_ids)
         fill = self._in_flight_ids(inputs)
@@ -395,73 +443,32 @@ class ModelRunner:
         if self.lora is not None:
             ctx.lora_mapping = self.lora.step_mapping([self.input_batch.states[i] for i in inputs.rows], inputs.num_scheduled)
         with set_forward_context(ctx):
-            return (self._forward if self._forward is not None else self.model)(input_ids, positions, **stage_kw)
+            return self.model_forward(input_ids, positions, **stage_kw)
 
-    @torch.inference_mode()
-    def execute_model(self, so: SchedulerOutput, non_blocking: bool = False) -> "ModelRunnerOutput | PendingStep":
-        """Run one step. With ``non_blocking`` the step is launched and a :class:`PendingStep`
-        returned at once; its ``get_output()`` waits for the sampled ids (asynchronous
-        scheduling plans the next step in between). Otherwise the finished output.
+    def logits_at(self, hidden: torch.Tensor, inputs: StepInputs, token_rows: np.ndarray) -> torch.Tensor:
+        """Phase 4: the logits ``[len(token_rows), vocab]`` at the given rows of ``hidden``
+        (indices into the step's input tokens, increasing); when they cover every input token
+        ``hidden`` is scored whole, without a gather."""
+        if len(token_rows) == len(inputs.input_ids):
+            return self.model.compute_logits(hidden)
+        return self.model.compute_logits(hidden[self.staging.to_device("last", token_rows)])
 
-        With a KV connector its worker role runs around the step (:mod:`.kv_connector`), and
-        the output carries its report."""
-        kv = self.kv_connector
-        if kv is None:
-            return self._execute(so, non_blocking)
-        kv.before_forward(so)
-        self._attn_metadata = None
-        out = self._execute(so, non_blocking)
-        kv.after_forward(self._attn_metadata)
-        out.kv_connector_output = kv.report()
-        return out
+    def keep_sampled_on_device(self, sampled_token_ids: torch.Tensor, req_ids: list[str]) -> None:
+        """Phase 5: remember this step's sampled ids (on the device, row ``i`` for
+        ``req_ids[i]``) so that the next step can take an input token the host has not read
+        back yet from them (asynchronous scheduling: :meth:`prepare_inputs` lists such tokens,
+        :meth:`run_forward` fills them)."""
+        self._prev_sampled = (sampled_token_ids, {r: i for i, r in enumerate(req_ids)})
 
-    def _execute(self, so: SchedulerOutput, non_blocking: bool) -> "ModelRunnerOutput | PendingStep":
-        assert self.model is not None and self.attn_backend is not None and self.input_batch is not None
-        if self.spec_decode is not None:
-            return self.spec_decode.execute(so)  # the drafts' verification path
-        if self.pooling is not None:
-            return self.pooling.execute(so)  # a pooling model: one vector per prompt, no sampling
-        t_start = time.perf_counter()
-        self.staging.next_step()
-        self._update_states(so)
-        batch = self.input_batch
-        if so.total_num_scheduled_tokens == 0 or batch.num_reqs == 0:
-            return ModelRunnerOutput(req_ids=[], req_id_to_index={}, sampled_token_ids=[])
-        inputs = self._prepare_inputs(so)
-        num_scheduled, req_ids = inputs.num_scheduled, inputs.req_ids
-        hidden = self._run_forward(inputs)
-        if not self.pipeline.is_last:
-            self.pipeline.send(hidden)  # the last stage samples
-            return ModelRunnerOutput(req_ids=[], req_id_to_index={}, sampled_token_ids=[])
-        if len(inputs.input_ids) == len(req_ids):
-            last_hidden = hidden  # one token per request: every row is sampled
-        else:
-            last_hidden = hidden[self.staging.to_device("last", np.cumsum(num_scheduled) - 1)]
-        logits = self.model.compute_logits(last_hidden)
-        rows = inputs.rows
-        states = [batch.states[i] for i in rows]
-        computed_before = batch.num_computed_tokens[rows]
-        computed_after = computed_before + num_scheduled
-        # rows whose sample becomes a token (a prefill chunk short of the prompt's end does not;
-        # the host's token count may lag by tokens still in flight, which only adds "final" rows)
-        final = computed_after >= batch.num_tokens[rows]
-        t_sample = time.perf_counter()
-        md = make_metadata(states, logits.shape[-1], generators=self._generators(states, final))
-        if so.grammar_bitmask is not None:
-            self._apply_grammar(md, so, req_ids, logits.shape[-1])
-        result = self.sampler(logits, md)
-        self._prev_sampled = (result.sampled_token_ids, {r: i for i, r in enumerate(req_ids)})
-        prompt_logprobs = self._prompt_logprobs(hidden, states, computed_before, num_scheduled)
-        step = PendingStep(self, req_ids, final, [s.sampling_params.logprobs for s in states], result, prompt_logprobs,
-                           (t_start, t_sample, int(num_scheduled.sum())))
-        return step if non_blocking else step.get_output()
-
-    def _record_step(
+    def record_sampled(
         self, req_ids: list[str], final: np.ndarray, sampled: list[int], logprobs_k: list[int | None],
         logprobs: LogprobsTensors | None,
     ) -> tuple[list[list[int]], list[list[TokenLogprobs] | None]]:
-        """Append each final row's token to the persistent batch (found by request id: with
-        asynchronous scheduling the next step may have moved or dropped the row already)."""
+        """Phase 6: append each final row's token (``sampled[i]`` for ``req_ids[i]`` where
+        ``final[i]``) to the persistent batch, found by request id: with asynchronous
+        scheduling the next step may have moved or dropped the row already. Returns each row's
+        sampled token list (``[]`` for a prefill chunk short of its prompt's end) and its
+        logprobs (``None`` where not asked for: ``logprobs_k[i]`` is ``None``)."""
         batch = self.input_batch
         # a prefill chunk that did not reach the end yet samples nothing
         sampled_lists: list[list[int]] = [[] for _ in req_ids]
@@ -488,33 +495,13 @@ class ModelRunner:
             batch.num_tokens[r] = n + 1
         return sampled_lists, logprob_lists
 
-    @staticmethod
-    def _apply_grammar(md: Any, so: SchedulerOutput, req_ids: list[str], vocab: int) -> None:
-        """Fold the structured-output bitmask rows into the sampler's allowed-token mask."""
-        index = {r: i for i, r in enumerate(req_ids)}
-        rows = [index[r] for r in so.structured_output_request_ids]
-        allowed = bitmask_to_bool(so.grammar_bitmask, vocab)
-        mask = md.allowed_mask if md.allowed_mask is not None else torch.ones(len(req_ids), vocab, dtype=torch.bool)
-        mask[rows] &= allowed
-        md.allowed_mask = mask
-
-    @staticmethod
-    def _generators(states: list[CachedRequestState], final: np.ndarray) -> dict[int, torch.Generator]:
-        """Generators for seeded rows that sample a real token this step, seeded from (seed,
-        number of tokens generated so far): the draw for a request's n-th token is the same
-        whatever the batch, the chunking or a preemption in between."""
-        gens: dict[int, torch.Generator] = {}
-        for i, state in enumerate(states):
-            seed = state.sampling_params.seed
-            if seed is not None and final[i] and not state.sampling_params.is_greedy:
-                gens[i] = seeded_generator(hash((seed, len(state.output_token_ids))))
-        return gens
-
-    def _prompt_logprobs(
+    def prompt_logprobs(
         self, hidden: torch.Tensor, states: list[CachedRequestState], computed_before: np.ndarray, num_scheduled: np.ndarray
     ) -> dict[str, list[TokenLogprobs]]:
-        """Logprobs of the prompt tokens this step's chunk predicts: the hidden state at prompt
-        position ``p`` scores prompt token ``p + 1``."""
+        """Phase 7 (for requests that asked): logprobs of the prompt tokens this step's chunk
+        predicts, by request id: the hidden state at prompt position ``p`` scores prompt token
+        ``p + 1``. ``states``, ``computed_before`` and ``num_scheduled`` are per request of the
+        step, in input order."""
         out: dict[str, list[TokenLogprobs]] = {}
         if all(state.sampling_params.prompt_logprobs is None for state in states):
             return out
@@ -533,3 +520,29 @@ class ModelRunner:
                 out[state.req_id] = [lp.row(j, k) for j in range(last - first)]
             start += n
         return out
+
+    # -- one step, whole -------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def execute_model(self, so: SchedulerOutput, non_blocking: bool = False) -> "ModelRunnerOutput | StepHandle":
+        """Run one step through the runner's step kind. With ``non_blocking`` a sampling step
+        is launched and its handle returned at once; the handle's ``get_output()`` waits for the
+        sampled ids (asynchronous scheduling plans the next step in between). Otherwise, and for
+        the other step kinds, the finished output.
+
+        With a KV connector its worker role runs around the step (:mod:`.kv_connector`), and
+        the output carries its report."""
+        kv = self.kv_connector
+        if kv is None:
+            return self._execute(so, non_blocking)
+        kv.before_forward(so)
+        self._attn_metadata = None
+        out = self._execute(so, non_blocking)
+        kv.after_forward(self._attn_metadata)
+        out.kv_connector_output = kv.report()
+        return out
+
+    def _execute(self, so: SchedulerOutput, non_blocking: bool) -> "ModelRunnerOutput | StepHandle":
+        assert self.model is not None and self.attn_backend is not None and self.input_batch is not None
+        assert self.step_kind is not None
+        return self.step_kind.execute(so, non_blocking)

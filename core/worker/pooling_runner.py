@@ -1,4 +1,8 @@
-"""The pooling path of the model runner: one step's prompts -> one pooled vector each.
+"""The pooling step of the model runner: one step's prompts -> one pooled vector each.
+
+A step kind (``"pooling"``, :mod:`host.core.worker.step_kind`), peer of the sampling and the
+speculative steps: it runs the runner's ``update_states``, ``prepare_inputs`` and
+``run_forward`` phases, then pools instead of sampling.
 
 Used when ``config.model.runner == "pooling"`` (an encoder such as ``BertModel``, or a decoder
 with ``--convert embed``). The scheduler gives every pooling request its whole prompt in one
@@ -13,7 +17,7 @@ step (:mod:`host.core.pooling.scheduler`) and its blocks are freed.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from host.contracts.runner_output import ModelRunnerOutput
 from host.core.pooling.pooler import Pooler
@@ -26,7 +30,11 @@ logger = logging.getLogger("host.model_runner")
 
 
 class PoolingRunner:
-    """Runs pooling steps for a :class:`ModelRunner` (built by its ``load_model``)."""
+    """Runs pooling steps for a :class:`ModelRunner` (the step kind ``"pooling"``, built by the
+    runner's ``load_model`` through the worker's ``make_step_kind``)."""
+
+    name = "pooling"
+    computes_logits = False  # one vector per prompt, no logits
 
     def __init__(self, runner: "ModelRunner") -> None:
         self.runner = runner
@@ -41,20 +49,28 @@ class PoolingRunner:
         logger.info("pooling runner: %s pooling, normalize=%s (from %s)", self.pooler.config.pooling_type,
                     self.pooler.config.normalize, self.pooler.config.source)
 
-    def execute(self, so: "SchedulerOutput") -> ModelRunnerOutput:
+    def load(self) -> None:
+        """Nothing beyond the target model."""
+
+    def kv_cache_specs(self) -> list[Any]:
+        return []
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        """No KV layers of its own."""
+
+    def execute(self, so: "SchedulerOutput", non_blocking: bool = False) -> ModelRunnerOutput:
+        """One pooling step (always finished: ``non_blocking`` changes nothing)."""
         runner = self.runner
-        runner.staging.next_step()
-        runner._update_states(so)
-        batch = runner.input_batch
-        if so.total_num_scheduled_tokens == 0 or batch.num_reqs == 0:
+        if not runner.update_states(so):
             return ModelRunnerOutput(req_ids=[], req_id_to_index={}, sampled_token_ids=[], pooler_output={})
-        inputs = runner._prepare_inputs(so)
+        batch = runner.input_batch
+        inputs = runner.prepare_inputs(so)
         states = [batch.states[i] for i in inputs.rows]
         partial = [s.req_id for s, n, c in zip(states, inputs.num_scheduled, batch.num_computed_tokens[inputs.rows])
                    if c != 0 or n != len(s.prompt_token_ids)]
         if partial:
             raise RuntimeError(f"pooling requests {partial[:3]} were not scheduled whole prompts in one step (chunked prefill must be off)")
-        hidden = runner._run_forward(inputs)  # the context carries the prompts' bounds (query_start_loc)
+        hidden = runner.run_forward(inputs)  # the context carries the prompts' bounds (query_start_loc)
         pooled = self.pooler.pool(hidden, inputs.num_scheduled)
         vectors = self.pooler.finish(pooled, [s.pooling_params for s in states])
         req_ids = inputs.req_ids

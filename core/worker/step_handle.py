@@ -1,40 +1,34 @@
 """The handle of a launched step: its sampled token ids on their way to the host.
 
-``ModelRunner.execute_model(..., non_blocking=True)`` returns a :class:`PendingStep`; the engine
+``ModelRunner.execute_model(..., non_blocking=True)`` returns a :class:`PendingStep` (built by the
+sampling step, :mod:`host.core.worker.sampling_step`); the engine
 core calls :meth:`PendingStep.get_output` when it needs the step's :class:`ModelRunnerOutput`
 (with asynchronous scheduling, after the next step was launched)."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from host.contracts.messages import TokenLogprobs
-from host.contracts.runner_output import ModelRunnerOutput
+from host.contracts.runner_output import ModelRunnerOutput, StepTiming
 from host.core.worker.sampler import LogprobsTensors
 
 if TYPE_CHECKING:
     from host.core.worker.model_runner import ModelRunner
 
 
-@dataclass
-class StepTiming:
-    """Where one step's time went: the sampler (metadata included) against the whole step."""
-
-    num_reqs: int
-    num_tokens: int
-    sampler_s: float
-    step_s: float
+__all__ = ["PendingStep", "StepTiming"]  # StepTiming lives in .output (the runner reads it)
 
 
 class PendingStep:
     """A launched step whose sampled token ids are on their way to the host: the copy goes to
     pinned memory asynchronously, and :meth:`get_output` waits for it (an event, not a device
-    synchronisation), then records the tokens in the persistent batch."""
+    synchronisation), then records the tokens in the persistent batch (the runner's
+    ``record_sampled`` phase)."""
 
     def __init__(self, runner: "ModelRunner", req_ids: list[str], final: np.ndarray, logprobs_k: list[int | None],
                  result: Any, prompt_logprobs: dict[str, list[TokenLogprobs]], timing: tuple[float, float, int]) -> None:
@@ -67,7 +61,7 @@ class PendingStep:
         if lp is not None and lp.token_ids.device.type != "cpu":
             lp = LogprobsTensors(lp.token_ids.cpu(), lp.logprobs.cpu(), lp.ranks.cpu())
         t_sampled = time.perf_counter()
-        sampled_lists, logprob_lists = self.runner._record_step(self.req_ids, self.final, sampled, self.logprobs_k, lp)
+        sampled_lists, logprob_lists = self.runner.record_sampled(self.req_ids, self.final, sampled, self.logprobs_k, lp)
         runner = self.runner
         if runner.step_timings is not None:
             t_start, t_sample, num_tokens = self.timing

@@ -11,12 +11,31 @@ import torch
 from host.contracts.scheduler_output import SchedulerOutput
 from host.core.config import EngineConfig
 from host.core.worker.model_runner import ModelRunner
+from host.core.worker.sampling_step import SamplingStep
+from host.core.worker.step_kind import StepKind
 
 logger = logging.getLogger("host.worker")
 
 CPU_DEFAULT_KV_BYTES = 2 * 2**30
 # set aside for the decode graphs' memory pool, captured after the KV cache is allocated
 GRAPH_MEMORY_RESERVE = 512 * 2**20
+
+
+def make_step_kind(runner: ModelRunner) -> StepKind:
+    """The step kind of ``runner``'s config (:mod:`host.core.worker.step_kind`): the speculative
+    verify step with ``--speculative-config`` (docs/speculative.md), the pooling step for a
+    pooling model (docs/pooling.md), else the plain sampling step. The runner calls this from
+    ``load_model``, once the target model is loaded."""
+    config = runner.config
+    if getattr(config, "speculative", None) is not None:
+        from host.core.worker.spec_decode.verify import SpecDecodeStep
+
+        return SpecDecodeStep(runner)
+    if config.model.runner == "pooling":  # pool prompts instead of sampling tokens
+        from host.core.worker.pooling_runner import PoolingRunner
+
+        return PoolingRunner(runner)
+    return SamplingStep(runner)
 
 
 def kv_budget(total: int, utilization: float, peak: int, non_torch: int, reserve: int = 0) -> int:
@@ -65,7 +84,7 @@ class Worker:
                 # the ranks (of every -dp engine) share this machine's cores
                 torch.set_num_threads(max(1, (os.cpu_count() or 1) // (parallel.world_size * parallel.data_parallel_size)))
             init_distributed(parallel, self.rank, self.local_rank, self.platform.dist_backend, self.device)
-        self.model_runner = ModelRunner(self.config, self.device, self.platform)
+        self.model_runner = ModelRunner(self.config, self.device, self.platform, make_step_kind)
 
     def load_model(self) -> None:
         assert self.model_runner is not None

@@ -8,6 +8,11 @@ request (``SchedulerOutput.scheduled_spec_decode_tokens``) follow its last known
 step's inputs; logits are computed at each of those ``1 + d`` positions; the KV written for
 rejected drafts is overwritten later, because the scheduler rolls ``num_computed_tokens`` back
 by the rejected count.
+
+A step kind (``"speculative"``, :mod:`host.core.worker.step_kind`), peer of the sampling and
+the pooling steps: it composes the runner's public phases (``update_states``,
+``prepare_inputs``, ``run_forward``, ``logits_at``, ``prompt_logprobs``) and records the emitted
+tokens in the runner's persistent batch itself (several per request).
 """
 
 from __future__ import annotations
@@ -20,11 +25,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from host.contracts.runner_output import ModelRunnerOutput
+from host.contracts.runner_output import ModelRunnerOutput, StepTiming
 from host.core.structured_output.worker import bitmask_to_bool
 from host.core.worker.spec_decode.proposer import DraftBatch, make_proposer
 from host.core.worker.spec_decode.rejection_sampler import RejectionSampler
-from host.core.worker.step_handle import StepTiming
 
 if TYPE_CHECKING:
     from host.contracts.scheduler_output import SchedulerOutput
@@ -34,7 +38,11 @@ logger = logging.getLogger("host.spec_decode")
 
 
 class SpecDecodeStep:
-    """The proposer and the verification of one model runner (see the module docstring)."""
+    """The proposer and the verification of one model runner (see the module docstring; the
+    step kind ``"speculative"``)."""
+
+    name = "speculative"
+    computes_logits = True
 
     def __init__(self, runner: "ModelRunner") -> None:
         self.runner = runner
@@ -69,14 +77,13 @@ class SpecDecodeStep:
         self.proposer.bind_kv_caches(caches)
 
     # -- one step ---------------------------------------------------------------------------------
-    def execute(self, so: "SchedulerOutput") -> ModelRunnerOutput:
+    def execute(self, so: "SchedulerOutput", non_blocking: bool = False) -> ModelRunnerOutput:
+        """One verify step (always finished: ``non_blocking`` changes nothing)."""
         r = self.runner
         t_start = time.perf_counter()
-        r.staging.next_step()
-        r._update_states(so)
-        batch = r.input_batch
-        if so.total_num_scheduled_tokens == 0 or batch.num_reqs == 0:
+        if not r.update_states(so):
             return ModelRunnerOutput(req_ids=[], req_id_to_index={}, sampled_token_ids=[], spec_token_ids=[])
+        batch = r.input_batch
         scheduled_drafts = so.scheduled_spec_decode_tokens or {}
         # the drafts follow each request's known tokens: in its row, counted for the step only
         bumped: list[tuple[int, int]] = []
@@ -87,12 +94,12 @@ class SpecDecodeStep:
             batch.num_tokens[index] = n + len(drafts)
             bumped.append((index, len(drafts)))
         try:
-            inputs = r._prepare_inputs(so)
+            inputs = r.prepare_inputs(so)
         finally:
             for index, d in bumped:
                 batch.num_tokens[index] -= d
         req_ids, num_scheduled, rows = inputs.req_ids, inputs.num_scheduled, inputs.rows
-        hidden = r._run_forward(inputs)
+        hidden = r.run_forward(inputs)
         drafts = [list(scheduled_drafts.get(req_id, ())) for req_id in req_ids]
         d = np.array([len(x) for x in drafts], dtype=np.int64)
         counts = d + 1
@@ -100,10 +107,7 @@ class SpecDecodeStep:
         first = np.repeat(cu - counts, counts)
         within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
         logits_rows = first + within
-        if len(logits_rows) == len(inputs.input_ids):
-            logits = r.model.compute_logits(hidden)
-        else:
-            logits = r.model.compute_logits(hidden[r.staging.to_device("last", logits_rows)])
+        logits = r.logits_at(hidden, inputs, logits_rows)
         states = [batch.states[i] for i in rows]
         computed_before = batch.num_computed_tokens[rows]
         final = (computed_before + num_scheduled >= batch.num_tokens[rows]).tolist()
@@ -116,7 +120,7 @@ class SpecDecodeStep:
         result = self.rejection_sampler(logits, states, drafts, final, allowed=allowed, draft_probs=draft_probs)
         emitted = result.token_ids
         self._record(req_ids, emitted)
-        prompt_logprobs = r._prompt_logprobs(hidden, states, computed_before, num_scheduled)
+        prompt_logprobs = r.prompt_logprobs(hidden, states, computed_before, num_scheduled)
         t_sampled = time.perf_counter()
         spec_token_ids = self._propose(inputs, hidden, states, emitted, d, np.array(result.num_accepted))
         if r.step_timings is not None:
