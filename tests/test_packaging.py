@@ -8,7 +8,7 @@ import zipfile
 from pathlib import Path
 
 from helpers import REPO
-from host.plugins.builtin_cpu.kernels import SOURCES
+from host.plugins.builtin_cpu.kernels import HEADERS, SOURCES
 
 SKIP_DIRS = {"tests", ".venv", "build", "dist", "bench", "docs", ".git", ".ci", ".cache"}
 
@@ -40,8 +40,10 @@ def test_wheel_contains_every_package_and_entry_points(tmp_path):
     for line in ("[host.platforms]", "cpu = host.plugins.builtin_cpu.platform_plugin", "[console_scripts]",
                  "torch_paged = host.plugins.torch_paged.attention_plugin"):
         assert line in entry_points
-    # the CPU kernels' C++ sources travel as package data
-    assert {n for n in names if n.endswith(".cpp")} == {f"host/plugins/builtin_cpu/csrc/{name}" for name in SOURCES}
+    # the CPU kernels' C++ sources and the headers they share travel as package data
+    assert {n for n in names if n.endswith((".cpp", ".h"))} == {
+        f"host/plugins/builtin_cpu/csrc/{name}" for name in (*SOURCES, *HEADERS)
+    }
     # the wheel imports on its own, from a plain directory, with no editable-install path hooks
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target), str(wheel)], check=True)
@@ -64,4 +66,4 @@ def test_wheel_contains_every_package_and_entry_points(tmp_path):
     assert manager_file.startswith(str(target)) and kernels_file.startswith(str(target))
     # the compiled extension is built from the sources read out of the installed package
     csrc = REPO / "plugins" / "builtin_cpu" / "csrc"
-    assert int(source_chars) == sum(len((csrc / name).read_text(encoding="utf-8")) for name in SOURCES)
+    assert int(source_chars) == sum(len((csrc / name).read_text(encoding="utf-8")) for name in (*SOURCES, *HEADERS))

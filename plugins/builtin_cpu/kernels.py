@@ -18,9 +18,14 @@ All float32, OpenMP-parallel through ``at::parallel_for``:
   ``rotary_neox_`` (in-place rotate-half RoPE from the cos/sin table), ``silu_and_mul``: each
   replaces three to eight small torch ops whose dispatch cost dominates at decode sizes.
 
-The C++ lives in ``csrc/*.cpp`` (shipped as package data, listed in :data:`SOURCES`). The build
-needs a C++ compiler and ``ninja``; torch keeps the build (``~/.cache/torch_extensions``) and
-rebuilds only when the sources or the flags change. If the build fails, :func:`cpu_kernels`
+The C++ lives in ``csrc/`` (shipped as package data): the translation units listed in
+:data:`SOURCES`, each compiled on its own (ninja builds them side by side), and the headers of
+:data:`HEADERS` they share (``host_cpu.h``: the instruction-set macros and the declarations one
+file needs from another; ``vector_math.h``: the inline vector helpers). They are copied out of the
+installed package into the build folder, next to the module's generated bindings, and linked into
+one extension module. The build needs a C++ compiler and ``ninja``; torch keeps the build
+(``~/.cache/torch_extensions``) and rebuilds only when the sources or the flags change (ninja
+recompiles the files an edit touches, headers included). If the build fails, :func:`cpu_kernels`
 returns ``None`` (with one warning naming the error) and every caller keeps its pure-torch
 path. Set ``HOST_CPU_KERNELS=0`` to use the torch paths unconditionally.
 
@@ -46,17 +51,57 @@ import torch
 
 logger = logging.getLogger("host.cpu")
 
-# The C++ sources (package data under csrc/), compiled as one translation unit in this order:
-# each part uses what the parts before it define.
-SOURCES = (
-    "vector_math.cpp", "paged_decode.cpp", "linear_small_m.cpp", "quant_linear.cpp", "elementwise.cpp", "llama_decode.cpp",
-)
+# The C++ translation units (package data under csrc/), each compiled on its own, and the headers
+# they include (every unit includes host_cpu.h, which includes vector_math.h). The longest to
+# compile come first, so ninja starts them first.
+SOURCES = ("quant_linear.cpp", "llama_decode.cpp", "elementwise.cpp", "paged_decode.cpp", "linear_small_m.cpp")
+HEADERS = ("host_cpu.h", "vector_math.h")
+_BINDINGS = "bindings.cpp"  # generated into the build folder from _FUNCTIONS
 
 
 def kernel_sources() -> list[str]:
-    """The text of each of :data:`SOURCES`, read from the installed package (``csrc/``)."""
+    """The text of each of :data:`SOURCES` and then :data:`HEADERS`, read from the installed package
+    (``csrc/``)."""
     folder = resources.files(__package__).joinpath("csrc")
-    return [folder.joinpath(name).read_text(encoding="utf-8") for name in SOURCES]
+    return [folder.joinpath(name).read_text(encoding="utf-8") for name in (*SOURCES, *HEADERS)]
+
+
+def _write_if_changed(path: str, text: str) -> None:
+    """Writes ``text`` to ``path`` unless it already holds it (an unchanged file keeps its time, so
+    ninja does not rebuild it), through a temporary file: a process starting beside this one
+    never compiles half a file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            if f.read() == text:
+                return
+    except OSError:
+        pass
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def _bindings_source() -> str:
+    """The pybind11 module binding every function of ``_FUNCTIONS`` under its name, as
+    ``load_inline(functions=...)`` writes it (torch's error handling around each call)."""
+    lines = ["#include <torch/extension.h>", '#include "host_cpu.h"', "", "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {"]
+    lines += [f'  m.def("{name}", torch::wrap_pybind_function({name}), "{name}");' for name in _FUNCTIONS]
+    return "\n".join([*lines, "}", ""])
+
+
+def _stage_sources(build_directory: str) -> list[str]:
+    """Copies :data:`SOURCES` and :data:`HEADERS` out of the installed package into
+    ``build_directory/csrc`` and writes the bindings beside them; returns the paths of the
+    translation units to compile (the bindings first: with all of ``torch/extension.h`` to parse,
+    they take about as long as quant_linear.cpp)."""
+    folder = os.path.join(build_directory, "csrc")
+    os.makedirs(folder, exist_ok=True)
+    names = (*SOURCES, *HEADERS)
+    for name, text in zip(names, kernel_sources()):
+        _write_if_changed(os.path.join(folder, name), text)
+    _write_if_changed(os.path.join(folder, _BINDINGS), _bindings_source())
+    return [os.path.join(folder, name) for name in (_BINDINGS, *SOURCES)]
 
 
 def _ensure_ninja_on_path() -> None:
@@ -199,14 +244,16 @@ def cpu_kernels() -> Any | None:
     module = None
     if os.environ.get("HOST_CPU_KERNELS", "1") != "0":
         try:
-            from torch.utils.cpp_extension import load_inline
+            from torch.utils.cpp_extension import _get_build_directory, load
 
             _ensure_ninja_on_path()
             isa = isa_flags()
-            module = load_inline(
-                name="host_cpu_kernels_v8",
-                cpp_sources=kernel_sources(),
-                functions=_FUNCTIONS,
+            name = "host_cpu_kernels_v9"
+            build_directory = _get_build_directory(name, verbose=False)
+            module = load(
+                name=name,
+                sources=_stage_sources(build_directory),
+                build_directory=build_directory,
                 # -fopenmp: at::parallel_for is an OpenMP region compiled into this module.
                 # -fno-associative-math: the compiler may not regroup float sums, which it would
                 # do differently in each batch-size variant of a kernel (a row's result must not

@@ -1,5 +1,6 @@
-// host_cpu_kernels, part 5 of 6 (one translation unit with the parts before it; see
-// vector_math.cpp). rms_norm, fused_add_rms_norm_, rotary_neox_ and silu_and_mul: one pass each per row.
+// host_cpu_kernels: rms_norm, fused_add_rms_norm_, rotary_neox_ and silu_and_mul, one pass each per row.
+
+#include "host_cpu.h"
 
 // Normalizes one row in float32 like Hugging Face's RMSNorm: x * rsqrt(mean(x^2) + eps) * w.
 static inline void norm_row(const float* x, const float* w, float* out, int64_t D, float eps) {

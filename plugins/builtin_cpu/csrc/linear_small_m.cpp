@@ -1,5 +1,6 @@
-// host_cpu_kernels, part 3 of 6 (one translation unit with the parts before it; see
-// vector_math.cpp). linear_small_m: x @ W^T (+ b) for a few rows of x, streaming the weight once.
+// host_cpu_kernels: linear_small_m, x @ W^T (+ b) for a few rows of x, streaming the weight once.
+
+#include "host_cpu.h"
 
 // y[M, N] = x[M, K] @ W^T (+ bias[N]) for a few rows of x. W is either plain, w [N, K], or
 // blocked, w [N/4, K/8, 4, 8] (see block_weight): block b holds rows 4b..4b+3 interleaved in

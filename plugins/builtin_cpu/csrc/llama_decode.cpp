@@ -1,5 +1,7 @@
-// host_cpu_kernels, part 6 of 6 (one translation unit with the parts before it; see
-// vector_math.cpp). llama_decode: a whole decode step of a Llama-family decoder in one call, from the kernels above.
+// host_cpu_kernels: llama_decode, a whole decode step of a Llama-family decoder in one call, from the
+// kernels of the other files (declared in host_cpu.h).
+
+#include "host_cpu.h"
 
 // Copies the new tokens' K and V rows ([M, KVH, hd] views with contiguous rows) into the cache
 // pages ([num_blocks, block_size, KVH, hd]) at the flat slots (block * block_size + offset).

@@ -1,5 +1,6 @@
-// host_cpu_kernels, part 2 of 6 (one translation unit with the parts before it; see
-// vector_math.cpp). paged_decode: single-token paged attention reading K/V in place through the block table.
+// host_cpu_kernels: paged_decode, single-token paged attention reading K/V in place through the block table.
+
+#include "host_cpu.h"
 
 // q: [R, H, D] float32 contiguous; k_cache / v_cache: [num_blocks, block_size, KVH, D] views
 // (last dim contiguous); block_table: [R, max_blocks] int32; seq_lens: [R] int32.

@@ -1,5 +1,4 @@
-// host_cpu_kernels, part 4 of 6 (one translation unit with the parts before it; see
-// vector_math.cpp). gguf_linear and int8_linear: y = x @ dequantize(W)^T (+ b) straight from the
+// host_cpu_kernels: gguf_linear and int8_linear, y = x @ dequantize(W)^T (+ b) straight from the
 // quantized weight, the weights dequantized in registers and the activations kept in float32.
 //
 // Weight formats (the GGUF block layouts, as the .gguf file stores them; one row of the [N, K]
@@ -20,15 +19,11 @@
 // dequantized once and used for every row of x); more rows run in blocks of SMALL_M over tiles
 // of weight rows (AVX-512 builds) or dequantize a panel of weight rows into float32 (it stays in
 // L2) and multiply it with at::mm (see ROWS_MAX_M).
+//
+// The AVX2 paths below also need F16C (HOST_QAVX2), the AVX-512 ones F, BW and VL (HOST_QAVX512):
+// see host_cpu.h.
 
-// the AVX2 paths below also use F16C (half -> float conversions)
-#if defined(HOST_AVX2) && defined(__F16C__)
-#define HOST_QAVX2 1
-#endif
-// and where AVX-512 (F, BW, VL) was built in, the small-M paths use 512-bit registers
-#if defined(HOST_QAVX2) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-#define HOST_QAVX512 1
-#endif
+#include "host_cpu.h"
 
 namespace quant {
 
@@ -638,8 +633,8 @@ static inline const float* bias_ptr(const c10::optional<torch::Tensor>& bias, in
 
 // The shards of one GGUF linear (each [N_s, row_bytes_s] uint8 with its qtype) into consecutive
 // column ranges of y [M, sum N_s] (float32, contiguous), from x float32 [M, K] (unit column stride).
-static void gguf_shards_into(const torch::Tensor& x, const std::vector<torch::Tensor>& qweights,
-                             const std::vector<int64_t>& qtypes, const float* bias, torch::Tensor& y) {
+void gguf_shards_into(const torch::Tensor& x, const std::vector<torch::Tensor>& qweights,
+                      const std::vector<int64_t>& qtypes, const float* bias, torch::Tensor& y) {
   const int64_t M = x.size(0), K = x.size(1);
   int64_t col = 0;
   for (size_t s = 0; s < qweights.size(); ++s) {
@@ -878,8 +873,8 @@ static void dispatch_q8_into(int64_t qtype, const Q8Rows& xr, const uint8_t* w, 
 }
 
 // gguf_shards_into with Q8 activations: x quantized once, every shard reads the same blocks.
-static void gguf_shards_q8_into(const torch::Tensor& x, const std::vector<torch::Tensor>& qweights,
-                                const std::vector<int64_t>& qtypes, const float* bias, torch::Tensor& y) {
+void gguf_shards_q8_into(const torch::Tensor& x, const std::vector<torch::Tensor>& qweights,
+                         const std::vector<int64_t>& qtypes, const float* bias, torch::Tensor& y) {
   const int64_t M = x.size(0), K = x.size(1);
   TORCH_CHECK(K % 32 == 0, "gguf_linear_q8: x has K = ", K, " columns, not a multiple of the 32-value Q8 block");
   const Q8Rows xr(x.data_ptr<float>(), M, x.stride(0), K);

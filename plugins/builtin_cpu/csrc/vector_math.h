@@ -1,21 +1,11 @@
-// host_cpu_kernels, part 1 of 6 (vector_math.cpp). The parts are compiled as ONE translation unit,
-// concatenated in the order plugins/builtin_cpu/kernels.py lists them (torch's load_inline);
-// later parts use what earlier parts define.
-//
-// The headers and the vector helpers every kernel below uses: exp8 / exp_shifted (AVX2 exp),
-// hsum256, dot and axpy (AVX2 + FMA where the CPU has them, plain loops otherwise).
+// host_cpu_kernels: the vector helpers every kernel uses, included by host_cpu.h after its ISA
+// macros (HOST_AVX2 and the rest): exp8 / exp_shifted (AVX2 exp), hsum256, dot and axpy (AVX2 +
+// FMA where the CPU has them, plain loops otherwise). They are static inline here, not defined in
+// one .cpp, so each translation unit inlines them into its loops as before.
 
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
-#include <algorithm>
-#include <cmath>
-#include <cstring>
-#include <memory>
-#include <vector>
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define HOST_AVX2 1
-#endif
+#pragma once
+
+#include "host_cpu.h"
 
 #ifdef HOST_AVX2
 // exp(x) for 8 floats: range reduction to 2^n * exp(r), |r| <= ln2/2, and a degree-5
