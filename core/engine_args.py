@@ -33,7 +33,7 @@ from host.core.config import (
     SchedulerConfig,
     SpeculativeConfig,
 )
-from host.core.pooling_config import CONVERTS, RUNNERS, check_pooling_support, resolve_runner
+from host.core.pooling.config import CONVERTS, RUNNERS, check_pooling_support, resolve_runner
 
 logger = logging.getLogger("host.engine")
 
@@ -327,7 +327,7 @@ class EngineArgs:
             check_speculative_support(config, async_explicit=self.async_scheduling is not None)
         check_pooling_support(config)
         if config.lora is not None:
-            from host.core.lora.support import check_lora_support
+            from host.core.lora.engine import check_lora_support
 
             check_lora_support(config)
         if config.parallel.world_size > 1:  # a split the model cannot take fails here, before workers start

@@ -24,7 +24,7 @@ class ModelConfig:
     seed: int = 0
     served_model_name: str | None = None
     max_logprobs: int = 20  # most logprobs one request may ask for; -1: no limit (vLLM's)
-    # "generate" or "pooling" (--runner / --convert, resolved by host.core.pooling_config); a
+    # "generate" or "pooling" (--runner / --convert, resolved by host.core.pooling.config); a
     # pooling model's PoolerConfig (None when generating). docs/pooling.md
     runner: str = "generate"
     pooler: Any = None

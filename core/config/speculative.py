@@ -75,7 +75,7 @@ class SpeculativeConfig:
     def kv_lookahead(self) -> int:
         """KV slots past a step's scheduled tokens that the proposer writes while drafting (the
         scheduler allocates them when blocks are free): k for draft_model, k - 1 for eagle (the
-        model drafters' chain, core/worker/spec_decode/draft_model.py), none for ngram."""
+        model drafters' chain, core/spec_decode/worker/draft_model.py), none for ngram."""
         return {"draft_model": self.num_speculative_tokens, "eagle": self.num_speculative_tokens - 1}.get(self.method, 0)
 
     @classmethod

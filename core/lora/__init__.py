@@ -3,5 +3,8 @@ read and validated by :mod:`~host.core.lora.adapter`, held in device slots with 
 (:mod:`~host.core.lora.slots`), applied by the wrapped linears (:mod:`~host.core.lora.layers`)
 through one batched shrink/expand per layer (:mod:`~host.core.lora.punica`).
 
-``request`` and ``adapter`` run in every process (the front end validates, the worker loads);
-``layers``, ``slots`` and ``punica`` run in the worker."""
+By process: ``adapter`` runs in every process (the front end validates, the worker loads);
+``frontend`` (--lora-modules values) in the API process; ``engine`` (start-up refusals) and
+``scheduler`` (the feature's seam: the ``max_loras`` cap at admission, the adapters-in-use
+stats) in the engine core; ``layers``, ``slots``, ``punica`` and ``worker`` in the workers. The
+request type itself is a contract (:mod:`host.contracts.lora_request`)."""

@@ -7,7 +7,7 @@ token attends to every token of its own prompt. The model therefore computes att
 with ``scaled_dot_product_attention`` over the step's prompts, padded by similar length (no KV
 cache is read or written: the request finishes in this step and its blocks are freed). The
 prompts' boundaries come from the forward context's ``extra["query_start_loc"]`` (host ints,
-set by :mod:`host.core.worker.pooling_runner`); without it the tokens are one prompt.
+set by :mod:`host.core.pooling.worker`); without it the tokens are one prompt.
 
 All token types are 0 (one segment), as sentence-transformers encodes a single text.
 ``forward`` returns the last hidden states [num_tokens, hidden_size]; there is no LM head

@@ -1,7 +1,7 @@
 """The pooler: one step's last hidden states -> one vector per prompt (worker process).
 
 :meth:`Pooler.pool` reduces each prompt's rows of the flattened hidden states with the
-model's :class:`~host.core.pooling_config.PoolerConfig` (MEAN over the prompt's tokens, CLS =
+model's :class:`~host.core.pooling.config.PoolerConfig` (MEAN over the prompt's tokens, CLS =
 its first token, LAST = its last token), vectorised over the batch. :meth:`Pooler.finish`
 applies each request's :class:`~host.contracts.pooling_params.PoolingParams`: ``dimensions``
 (Matryoshka truncation) and then L2 normalisation (``normalize``, or the model's default for
@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from host.contracts.pooling_params import PoolingParams
-from host.core.pooling_config import PoolerConfig
+from host.core.pooling.config import PoolerConfig
 
 
 class Pooler:

@@ -1,6 +1,6 @@
 """A pooling request's end in the engine core: its prompt ran in one step, its vector is back.
 
-The pooling runner (:mod:`host.core.worker.pooling_runner`) pools every pooling request it
+The pooling runner (:mod:`host.core.pooling.worker`) pools every pooling request it
 ran; :func:`finish_pooled` turns that into the request's one and final
 :class:`EngineCoreOutput` (``pooling_output``, finish reason ``"stop"``). The scheduler then
 frees its blocks in the same step: no KV is kept.

@@ -8,9 +8,9 @@ peers of each other, each built for one runner by the worker's
 
 * ``"sampling"``: :class:`host.core.worker.sampling_step.SamplingStep`, the plain step
   (sample one token per request, asynchronously when asked);
-* ``"speculative"``: :class:`host.core.worker.spec_decode.verify.SpecDecodeStep`
+* ``"speculative"``: :class:`host.core.spec_decode.worker.verify.SpecDecodeStep`
   (``--speculative-config``: verify the drafts, propose the next ones);
-* ``"pooling"``: :class:`host.core.worker.pooling_runner.PoolingRunner` (a pooling model: one
+* ``"pooling"``: :class:`host.core.pooling.worker.PoolingRunner` (a pooling model: one
   vector per prompt, nothing sampled).
 
 This module imports no step kind and not the runner: the runner depends on the protocol only,

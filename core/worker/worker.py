@@ -28,11 +28,11 @@ def make_step_kind(runner: ModelRunner) -> StepKind:
     ``load_model``, once the target model is loaded."""
     config = runner.config
     if getattr(config, "speculative", None) is not None:
-        from host.core.worker.spec_decode.verify import SpecDecodeStep
+        from host.core.spec_decode.worker.verify import SpecDecodeStep
 
         return SpecDecodeStep(runner)
     if config.model.runner == "pooling":  # pool prompts instead of sampling tokens
-        from host.core.worker.pooling_runner import PoolingRunner
+        from host.core.pooling.worker import PoolingRunner
 
         return PoolingRunner(runner)
     return SamplingStep(runner)

@@ -31,7 +31,7 @@ def generate_cmd(
 ) -> None:
     """Complete each PROMPT with the model and print the results."""
     from host import LLM, SamplingParams
-    from host.core.lora.modules import lora_requests_from_modules
+    from host.core.lora.frontend import lora_requests_from_modules
 
     try:
         adapters = lora_requests_from_modules(list(lora_modules or []))

@@ -115,7 +115,7 @@ def test_lora_config_checks_its_values():
 
 def test_tensor_parallel_lora_is_refused_at_start_with_the_reason():
     from host.core.config import EngineConfig, ParallelConfig
-    from host.core.lora.support import check_lora_support
+    from host.core.lora.engine import check_lora_support
 
     config = EngineConfig(parallel=ParallelConfig(tensor_parallel_size=2), lora=LoRAConfig())
     with pytest.raises(ValueError, match="--enable-lora with tensor_parallel_size=2 is not supported yet .* use -tp 1"):

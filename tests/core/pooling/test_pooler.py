@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from host.contracts.pooling_params import PoolingParams
+from host.core.pooling.config import PoolerConfig, resolve_runner, sentence_transformers_pooler
 from host.core.pooling.pooler import Pooler
-from host.core.pooling_config import PoolerConfig, resolve_runner, sentence_transformers_pooler
 
 COUNTS = np.array([3, 1, 5])
 

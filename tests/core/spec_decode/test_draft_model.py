@@ -60,7 +60,7 @@ def assert_no_leaked_blocks(llm: LLM) -> None:
 
 
 def proposer_of(llm: LLM) -> Any:
-    from host.core.worker.spec_decode.proposer import Proposer
+    from host.core.spec_decode.worker.proposer import Proposer
 
     runner = llm.engine.executor.worker.model_runner
     holders = [runner] + [v for v in vars(runner).values() if hasattr(v, "__dict__") and not isinstance(v, type)]

@@ -1,4 +1,4 @@
-"""The EAGLE head (host.core.models.eagle_head) and the ``eagle`` proposer.
+"""The EAGLE head (host.core.spec_decode.worker.eagle_head) and the ``eagle`` proposer.
 
 - The head's forward equals a plain torch reference of its math (eagle_helpers.py) on a tiny
   llama target, for an EAGLE-1 style head (no input norm, the target's embedding and norm) and a
@@ -24,7 +24,7 @@ from helpers import hf_greedy, hf_model
 
 # -- a random head on disk and a plain torch reference of its math (RMSNorm, rotate-half RoPE,
 # grouped-query causal attention, SiLU-GLU over one sequence), written from the math in
-# host.core.models.eagle_head's docstring, not from its code
+# host.core.spec_decode.worker.eagle_head's docstring, not from its code
 
 def make_head(path: Path, target_config: Any, *, seed: int, layers: int = 1, intermediate: int = 80,
               input_norm: bool = False, own_embedding: bool = False, own_norm: bool = False,
@@ -150,7 +150,7 @@ def target(tiny_checkpoint):
     dict(layers=2, input_norm=True, own_embedding=True, own_norm=True),
 ])
 def test_head_forward_equals_reference(target, tmp_path, variant):
-    from host.core.models.eagle_head import load_eagle_head, read_head_config
+    from host.core.spec_decode.worker.eagle_head import load_eagle_head, read_head_config
 
     _, model, hf_config, hf = target
     weights = make_head(tmp_path / "head", hf_config, seed=5, **variant)
@@ -174,7 +174,7 @@ def test_head_forward_equals_reference(target, tmp_path, variant):
 def test_bad_head_directories(target, tmp_path):
     from safetensors.torch import save_file
 
-    from host.core.models.eagle_head import load_eagle_head
+    from host.core.spec_decode.worker.eagle_head import load_eagle_head
 
     _, model, hf_config, _ = target
 
@@ -228,7 +228,7 @@ def generate(llm: Any, prompts: list[list[int]]) -> list[list[int]]:
 
 def test_eagle_in_the_engine(target, tmp_path):
     from host import LLM
-    from host.core.worker.spec_decode.eagle import EagleProposer
+    from host.core.spec_decode.worker.eagle import EagleProposer
 
     path, _, hf_config, hf = target
     weights = make_head(tmp_path / "head", hf_config, seed=7)

@@ -9,7 +9,7 @@ from host import SamplingParams
 from host.contracts.request import Request
 from host.core.config import SpeculativeConfig
 from host.core.spec_decode.scheduler import SpecDecodeFeature
-from host.core.worker.spec_decode.ngram import propose_ngram
+from host.core.spec_decode.worker.ngram import propose_ngram
 
 
 def ngram(tokens: list[int], k: int = 3, lo: int = 1, hi: int = 3) -> list[int]:

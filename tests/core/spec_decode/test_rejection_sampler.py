@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from host import SamplingParams
+from host.core.spec_decode.worker.rejection_sampler import DraftRow, RejectionSampler, target_probs
 from host.core.worker.input_batch import CachedRequestState
 from host.core.worker.sampler import make_metadata
-from host.core.worker.spec_decode.rejection_sampler import DraftRow, RejectionSampler, target_probs
 
 V = 10
 

@@ -206,7 +206,7 @@ def test_no_import_cycle_through_the_worker_or_the_engine() -> None:
     graph = {name: imported_modules(path, name, set(modules)) for name, path in modules.items()}
     # the edges this redesign turned around are really read
     assert "host.core.worker.model_runner" in graph["host.core.worker.sampling_step"]
-    assert "host.core.worker.model_runner" in graph["host.core.worker.spec_decode.verify"]
+    assert "host.core.worker.model_runner" in graph["host.core.spec_decode.worker.verify"]
     assert "host.core.engine.batch_queue" in graph["host.core.engine.core"]
     mine = ("host.core.worker.", "host.core.engine.")
     cycles = [c for c in import_cycles(graph) if any(m.startswith(mine) for m in c)]
@@ -216,7 +216,7 @@ def test_no_import_cycle_through_the_worker_or_the_engine() -> None:
 def test_the_runner_imports_no_step_kind() -> None:
     modules = _core_modules()
     imported = imported_modules(RUNNER_FILE, "host.core.worker.model_runner", set(modules))
-    step_kinds = {"host.core.worker.sampling_step", "host.core.worker.pooling_runner", "host.core.worker.step_handle"}
+    step_kinds = {"host.core.worker.sampling_step", "host.core.pooling.worker", "host.core.worker.step_handle"}
     assert not imported & step_kinds
     assert not {m for m in imported if m.startswith("host.core.worker.spec_decode")}
 
@@ -239,9 +239,9 @@ def test_the_runner_phases_are_public_and_documented() -> None:
 
 
 def _step_kinds() -> list[type]:
-    from host.core.worker.pooling_runner import PoolingRunner
+    from host.core.pooling.worker import PoolingRunner
+    from host.core.spec_decode.worker.verify import SpecDecodeStep
     from host.core.worker.sampling_step import SamplingStep
-    from host.core.worker.spec_decode.verify import SpecDecodeStep
 
     return [SamplingStep, SpecDecodeStep, PoolingRunner]
 
@@ -261,7 +261,7 @@ def test_every_step_kind_has_the_protocol_shape() -> None:
 
 
 def _fake_runner(**config: object) -> SimpleNamespace:
-    from host.core.pooling_config import PoolerConfig
+    from host.core.pooling.config import PoolerConfig
 
     model = SimpleNamespace(runner=config.pop("runner", "generate"), pooler=PoolerConfig())
     cfg = SimpleNamespace(model=model, speculative=config.pop("speculative", None),

@@ -26,9 +26,9 @@ import numpy as np
 import torch
 
 from host.contracts.runner_output import ModelRunnerOutput, StepTiming
+from host.core.spec_decode.worker.proposer import DraftBatch, make_proposer
+from host.core.spec_decode.worker.rejection_sampler import RejectionSampler
 from host.core.structured_output.worker import bitmask_to_bool
-from host.core.worker.spec_decode.proposer import DraftBatch, make_proposer
-from host.core.worker.spec_decode.rejection_sampler import RejectionSampler
 
 if TYPE_CHECKING:
     from host.contracts.scheduler_output import SchedulerOutput

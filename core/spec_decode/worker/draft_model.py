@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from host.contracts.forward_context import ForwardContext, set_forward_context
-from host.core.worker.spec_decode.proposer import DraftBatch, Proposer
+from host.core.spec_decode.worker.proposer import DraftBatch, Proposer
 from host.interfaces.attention import CommonAttentionMetadata
 
 logger = logging.getLogger("host.spec_decode")

@@ -1,4 +1,4 @@
-"""``eagle``: an EAGLE-style head (:mod:`host.core.models.eagle_head`) drafts from the target's
+"""``eagle``: an EAGLE-style head (:mod:`host.core.spec_decode.worker.eagle_head`) drafts from the target's
 hidden states.
 
 The head's KV layer at position ``q`` holds (the token at ``q + 1``, the target's hidden state at
@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from host.contracts.forward_context import ForwardContext, set_forward_context
-from host.core.worker.spec_decode.draft_model import DraftModelProposer, _Pass
+from host.core.spec_decode.worker.draft_model import DraftModelProposer, _Pass
 
 logger = logging.getLogger("host.spec_decode")
 
@@ -36,7 +36,7 @@ class EagleProposer(DraftModelProposer):
     SHIFT = 1
 
     def load(self) -> None:
-        from host.core.models.eagle_head import load_eagle_head, read_head_config
+        from host.core.spec_decode.worker.eagle_head import load_eagle_head, read_head_config
 
         runner = self.runner
         target_config = self.config.model.hf_config

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from host.core.worker.spec_decode.proposer import DraftBatch, Proposer
+from host.core.spec_decode.worker.proposer import DraftBatch, Proposer
 
 
 def propose_ngram(tokens: np.ndarray, k: int, n_min: int, n_max: int) -> list[int]:

@@ -86,9 +86,9 @@ class Proposer:
 
 # method -> "module:Class" (imported lazily: the ngram path never imports a draft model)
 PROPOSERS: dict[str, str] = {
-    "ngram": "host.core.worker.spec_decode.ngram:NgramProposer",
-    "draft_model": "host.core.worker.spec_decode.draft_model:DraftModelProposer",
-    "eagle": "host.core.worker.spec_decode.eagle:EagleProposer",
+    "ngram": "host.core.spec_decode.worker.ngram:NgramProposer",
+    "draft_model": "host.core.spec_decode.worker.draft_model:DraftModelProposer",
+    "eagle": "host.core.spec_decode.worker.eagle:EagleProposer",
 }
 
 
