@@ -7,9 +7,9 @@ scheduler keeps a list of them and calls every one at the same points of each st
 asks which features are on. Every method has a default that does nothing, so a feature
 implements only the points it needs:
 
-1. **admit a request** — :meth:`begin_admissions`, then :meth:`admit` for each waiting request
-   the step considers (go on, wait in place, or fail it) and :meth:`admitted` for each that
-   joins the running ones;
+1. **admit a request** — :meth:`added` when it is queued, :meth:`begin_admissions`, then
+   :meth:`admit` for each waiting request the step considers (go on, wait in place, or fail
+   it) and :meth:`admitted` for each that joins the running ones;
 2. **contribute to the step** — :meth:`contribute` adds tokens to a running decode (drafts to
    verify), :attr:`kv_lookahead` reserves KV slots past a step's tokens, and :meth:`plan`
    sees the finished plan (connector metadata);
@@ -20,8 +20,8 @@ implements only the points it needs:
 4. **typed stats** — :meth:`stats` fills the feature's field of :class:`SchedulerStats`.
 
 A feature acts on requests only through the scheduler's public methods
-(:meth:`~host.core.scheduler.scheduler.Scheduler.requeue`,
-:meth:`~host.core.scheduler.scheduler.Scheduler.fail_running`), given to it by :meth:`bind`.
+(:meth:`~host.core.scheduler.request_book.RequestBook.requeue`,
+:meth:`~host.core.scheduler.request_book.RequestBook.fail_running`), given to it by :meth:`bind`.
 
 Where a waiting request's KV comes from beyond the local prefix cache, and who frees a
 request's blocks, is a second, smaller seam: :class:`~host.core.scheduler.kv_source.KVSource`.
@@ -53,6 +53,9 @@ class SchedulerFeature:
         self.scheduler = scheduler
 
     # -- 1. admit a request ----------------------------------------------------------------------
+    def added(self, request: "Request") -> None:
+        """A new request was queued (status ``WAITING``; a feature may hold it in a waiting status of its own)."""
+
     def begin_admissions(self, running: list["Request"]) -> None:
         """The step starts admitting waiting requests; ``running`` are the requests running now."""
 

@@ -66,10 +66,9 @@ class RequestBook:
                     f"request {req_id!r} hashes blocks of {request.block_hasher.block_size} tokens "
                     f"but the KV cache uses block_size={self.block_size}; leave block_hasher unset"
                 )
-        if request.structured_output is not None:
-            request.status = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
-        else:
-            request.status = RequestStatus.WAITING
+        request.status = RequestStatus.WAITING
+        for feature in self.features:
+            feature.added(request)
         self.requests[req_id] = request
         self.waiting.add_request(request)
         self._events[req_id] = [EngineCoreEvent(EVENT_QUEUED, time.monotonic())]

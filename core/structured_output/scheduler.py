@@ -24,6 +24,10 @@ logger = logging.getLogger("host.structured_output")
 class StructuredOutputFeature(SchedulerFeature):
     name = "structured_output"
 
+    def added(self, request: "Request") -> None:
+        if request.structured_output is not None:  # waits until its grammar has compiled
+            request.status = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+
     def admit(self, request: "Request") -> str | None:
         if request.status != RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR:
             return None
