@@ -1,10 +1,3 @@
 """For plugin authors: :mod:`host.interfaces.kv_connector`, re-exported (the engine imports it from there)."""
 
-from host.interfaces.kv_connector import (  # noqa: F401 - re-exported
-    KVConnector,
-    KVConnectorMetadata,
-    KVConnectorOutput,
-    KVConnectorRole,
-    KVConnectorTransferResults,
-    KVOutputAggregator,
-)
+from host.interfaces.kv_connector import *  # noqa: F401,F403 - every public name, re-exported

@@ -1,7 +1,3 @@
 """For plugin authors: :mod:`host.interfaces.quantization`, re-exported (the engine imports it from there)."""
 
-from host.interfaces.quantization import (  # noqa: F401 - re-exported
-    EmbeddingMethod,
-    LinearMethod,
-    QuantizationMethod,
-)
+from host.interfaces.quantization import *  # noqa: F401,F403 - every public name, re-exported
