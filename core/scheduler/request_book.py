@@ -126,7 +126,6 @@ class RequestBook:
             feature.admitted(request)
         self._events.setdefault(request.request_id, []).append(EngineCoreEvent(EVENT_SCHEDULED, time.monotonic()))
 
-
     # -- what features may do to requests ------------------------------------------------------
     def requeue(self, request: Request) -> None:
         """Send a running request back to the front of the waiting queue (its blocks already
