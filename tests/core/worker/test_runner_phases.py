@@ -3,9 +3,8 @@
 * No module under ``core/`` but the runner itself reaches a private (``_name``) member of a
   model runner, and the batch queue reaches no private member of its engine core: an AST scan.
 * The runner, its step kinds, the step handle, the proposers, the batch queue and the engine core
-  import each other in one direction only: no import cycle among the modules of ``core/worker``
-  and ``core/engine`` (every import counts: module level, ``TYPE_CHECKING`` blocks and imports
-  inside functions).
+  import each other in one direction only, and so does every other module of ``core/``: no import
+  cycle (every import counts: module level, ``TYPE_CHECKING`` blocks and imports inside functions).
 * The runner's phases are public and documented, every step kind has the
   :class:`~host.core.worker.step_kind.StepKind` shape, and the worker picks the kind by config.
 """
@@ -201,15 +200,17 @@ def test_the_cycle_finder_finds_a_circle() -> None:
     assert import_cycles({"a": {"b"}, "b": set()}) == []
 
 
-def test_no_import_cycle_through_the_worker_or_the_engine() -> None:
+def test_no_import_cycle_in_core() -> None:
+    """No module of ``core/`` imports, through any chain, one that imports it (the runner and
+    its step kinds, the batch queue and the engine core, the plugin manager and the platform,
+    the KV cache manager and its specs, the input processor and pooling all went one way)."""
     modules = _core_modules()
     graph = {name: imported_modules(path, name, set(modules)) for name, path in modules.items()}
     # the edges this redesign turned around are really read
     assert "host.core.worker.model_runner" in graph["host.core.worker.sampling_step"]
     assert "host.core.worker.model_runner" in graph["host.core.spec_decode.worker.verify"]
     assert "host.core.engine.batch_queue" in graph["host.core.engine.core"]
-    mine = ("host.core.worker.", "host.core.engine.")
-    cycles = [c for c in import_cycles(graph) if any(m.startswith(mine) for m in c)]
+    cycles = import_cycles(graph)
     assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
 
 
@@ -218,7 +219,7 @@ def test_the_runner_imports_no_step_kind() -> None:
     imported = imported_modules(RUNNER_FILE, "host.core.worker.model_runner", set(modules))
     step_kinds = {"host.core.worker.sampling_step", "host.core.pooling.worker", "host.core.worker.step_handle"}
     assert not imported & step_kinds
-    assert not {m for m in imported if m.startswith("host.core.worker.spec_decode")}
+    assert not {m for m in imported if m.startswith("host.core.spec_decode.")}
 
 
 # -- the public phases and the step kinds ---------------------------------------------------------
