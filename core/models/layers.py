@@ -305,3 +305,27 @@ def set_layer_kernels(
         count += 1
     return count
 
+
+LAYER_KERNEL_OPS = ("rms_norm", "silu_and_mul", "rotary_embedding")
+"""The kernel-table ops a model's layers run when a platform kernel is offered: ``rms_norm`` with
+:class:`RMSNorm`'s ``kernel`` contract, ``silu_and_mul`` with :class:`SiluAndMul`'s,
+``rotary_embedding`` with :class:`RotaryEmbedding`'s. There is no ``"*"`` reference: without a
+device kernel each layer keeps its torch path."""
+
+
+def attach_layer_kernels(model: nn.Module, device_type: str) -> int:
+    """Give the layers of ``model`` the best kernel the kernel table offers for ``device_type``
+    (``host_offer_kernels``; a kernel's ``dtypes`` attribute names the dtypes it takes, float32
+    without one). Returns how many modules got one."""
+    from host.interfaces.kernels import kernel_candidates
+
+    chosen = {}
+    for op in LAYER_KERNEL_OPS:
+        own = [e for e in kernel_candidates(op, device_type) if e.device_type == device_type]
+        if own:
+            chosen[op] = own[0].impl
+    count = 0
+    for op, impl in chosen.items():
+        dtypes = tuple(getattr(impl, "dtypes", (torch.float32,)))
+        count += set_layer_kernels(model, dtypes=dtypes, **{op if op != "rotary_embedding" else "rotary": impl})
+    return count

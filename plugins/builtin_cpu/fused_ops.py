@@ -1,6 +1,7 @@
-"""Attach the compiled CPU kernels (:mod:`host.plugins.builtin_cpu.kernels`) to a model's
-layers: RMSNorm (plain and residual-fused), rotary embedding and SiLU-and-mul. Each layer keeps
-its torch path for the shapes and dtypes a kernel does not take.
+"""The compiled CPU kernels (:mod:`host.plugins.builtin_cpu.kernels`) for a model's layers:
+RMSNorm (plain and residual-fused), rotary embedding and SiLU-and-mul, offered to the kernel
+table (``rms_norm``, ``silu_and_mul``, ``rotary_embedding``) through ``host_offer_kernels`` and
+attached from it. Each layer keeps its torch path for the shapes and dtypes a kernel does not take.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from host.sdk.models import set_layer_kernels
+from host.sdk.models import attach_layer_kernels
 
 logger = logging.getLogger("host.cpu")
 
@@ -52,11 +53,17 @@ def rotary_kernel(kernels: Any) -> Callable[..., None]:
     return run
 
 
-def attach_fused_ops(model: nn.Module, kernels: Any) -> int:
-    """Give every RMSNorm, RotaryEmbedding and SiluAndMul of ``model`` its compiled kernel
-    (float32). Returns how many modules got one."""
-    count = set_layer_kernels(
-        model, rms_norm=rms_norm_kernel(kernels), silu_and_mul=silu_and_mul_kernel(kernels), rotary=rotary_kernel(kernels)
-    )
+def offer_layer_kernels(kernels: Any, register: Callable[..., None], name: str, reason: str, *, priority: int) -> None:
+    """Offer the layer kernels for ``"cpu"`` (float32) through ``register`` (``host_offer_kernels``)."""
+    register("rms_norm", "cpu", rms_norm_kernel(kernels), name=name, priority=priority, reason=reason)
+    register("silu_and_mul", "cpu", silu_and_mul_kernel(kernels), name=name, priority=priority, reason=reason)
+    register("rotary_embedding", "cpu", rotary_kernel(kernels), name=name, priority=priority, reason=reason)
+
+
+def attach_fused_ops(model: nn.Module) -> int:
+    """Give every RMSNorm, RotaryEmbedding and SiluAndMul of ``model`` the kernel the kernel table
+    serves on ``"cpu"`` (the compiled ones, unless a plugin offers better). Returns how many
+    modules got one."""
+    count = attach_layer_kernels(model, "cpu")
     logger.info("Attached CPU kernels to %d norm / activation / rotary modules", count)
     return count

@@ -70,7 +70,7 @@ class CpuPlatform(Platform):
         )
         if kernels is not None:
             # gguf_linear / int8_linear for "cpu" in the kernel table: platform_plugin's host_offer_kernels
-            attach_fused_ops(model, kernels)
+            attach_fused_ops(model)  # the layer kernels the table serves on cpu
             parallel = getattr(config, "parallel", None)
             if parallel is None or parallel.world_size == 1:
                 # the fused step runs the whole layer stack with no collectives: one rank only

@@ -35,13 +35,18 @@ def _fallback(op: str) -> Callable[..., Any]:
     return kernel_entry(op, ANY_DEVICE).impl
 
 
+def kernel_name_and_reason(kernels: Any) -> tuple[str, str]:
+    """The table name of the compiled kernels (``cpu_avx2`` or ``cpu_scalar``, by the instruction
+    set built) and the reason they serve."""
+    isa = kernels.kernels_isa()
+    return ("cpu_avx2" if "avx2" in isa else "cpu_scalar"), f"compiled C++ kernels, {isa} build"
+
+
 def register_cpu_quant_kernels(kernels: Any, register: Callable[..., None] = register_kernel) -> str:
     """Register the compiled ``gguf_linear``, ``gguf_linear_q8`` and ``int8_linear`` for ``"cpu"``
     through ``register`` (the ``host_offer_kernels`` callback); returns the name they were
     registered under (``cpu_avx2`` or ``cpu_scalar``, by the instruction set built)."""
-    isa = kernels.kernels_isa()
-    name = "cpu_avx2" if "avx2" in isa else "cpu_scalar"
-    reason = f"compiled C++ kernels, {isa} build"
+    name, reason = kernel_name_and_reason(kernels)
 
     def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int, bias: torch.Tensor | None) -> torch.Tensor:
         values = GGUF_BLOCK_VALUES.get(int(qtype))
@@ -66,5 +71,5 @@ def register_cpu_quant_kernels(kernels: Any, register: Callable[..., None] = reg
     register("gguf_linear", "cpu", gguf_linear, name=name, priority=PRIORITY, reason=reason)
     register("gguf_linear_q8", "cpu", gguf_linear_q8, name=name, priority=PRIORITY, reason=reason)
     register("int8_linear", "cpu", int8_linear, name=name, priority=PRIORITY, reason=reason)
-    logger.info("Quantized linear kernels for cpu: %s (%s)", name, isa)
+    logger.info("Quantized linear kernels for cpu: %s (%s)", name, kernels.kernels_isa())
     return name

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import Any, Callable
 
 from host.sdk.platform import Platform, PlatformEnum
@@ -67,16 +68,27 @@ class CudaPlatform(Platform):
         torch.compile). Quantized linears and LoRA run the Triton kernels of the kernel table, at
         every ``-O`` level (:meth:`offer_kernels`, through the ``host_offer_kernels`` hook)."""
         if config.compilation.custom_ops:
-            from host.plugins.triton_ops.custom_ops import attach_triton_ops
+            from host.plugins.triton_ops.custom_ops import offer_triton_layer_ops
+            from host.sdk.kernels import register_kernel
+            from host.sdk.models import attach_layer_kernels
 
-            attach_triton_ops(model)
+            # the layer ops this platform offers through host_offer_kernels, offered again under
+            # the same name and source: a model may be prepared outside this platform's own process
+            offer_triton_layer_ops(self.device_type, partial(register_kernel, source=self.name))
+            count = attach_layer_kernels(model, self.device_type)
+            logger.info("Attached layer kernels to %d norm / activation / rotary modules", count)
 
     def offer_kernels(self, register: Callable[..., None]) -> list[str]:
         """The Triton kernels for ``host_offer_kernels`` (the cuda and rocm platform plugins call
-        this for their platform): :meth:`register_quant_kernels` and the LoRA shrink/expand
+        this for their platform): :meth:`register_quant_kernels`, the layer ops
+        (``rms_norm``, ``silu_and_mul``, ``rotary_embedding``) and the LoRA shrink/expand
         (:func:`host.plugins.triton_ops.lora.register_lora_kernels`, used with
         ``--enable-lora``), none where Triton does not target the GPU. Returns the ops registered."""
+        from host.plugins.triton_ops.custom_ops import offer_triton_layer_ops
+
         ops = self.register_quant_kernels(register)
+        offer_triton_layer_ops(self.device_type, register)  # (the norms, rotary, SiLU-and-mul)
+        ops += ["rms_norm", "silu_and_mul", "rotary_embedding"]
         triton_problem = getattr(self, "triton_problem", None)
         if triton_problem is None or not triton_problem():
             from host.plugins.triton_ops.lora import register_lora_kernels

@@ -11,7 +11,7 @@ layers these ops as their ``kernel`` hooks (see ``core/models/layers.py``).
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -102,6 +102,19 @@ def _rotary_kernel(x: torch.Tensor, positions: torch.Tensor, cache: torch.Tensor
 
 def _silu_kernel(x: torch.Tensor) -> torch.Tensor:
     return torch.ops.host.silu_and_mul(x)
+
+
+LAYER_OP_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+for _kernel in (_norm_kernel, _silu_kernel, _rotary_kernel):
+    _kernel.dtypes = LAYER_OP_DTYPES  # type: ignore[attr-defined] - read by attach_layer_kernels
+
+
+def offer_triton_layer_ops(device_type: str, register: Callable[..., None]) -> None:
+    """Offer the Triton custom ops for the layers (``rms_norm``, ``silu_and_mul``,
+    ``rotary_embedding``; float32, bfloat16 and float16) to the kernel table for ``device_type``."""
+    reason = "Triton custom ops host::rms_norm / silu_and_mul / rotary_neox, traceable by torch.compile"
+    for op, impl in (("rms_norm", _norm_kernel), ("silu_and_mul", _silu_kernel), ("rotary_embedding", _rotary_kernel)):
+        register(op, device_type, impl, name="triton", priority=10, reason=reason)
 
 
 def attach_triton_ops(model: nn.Module) -> int:
