@@ -1,6 +1,6 @@
 """The ``host serve`` flags, declared once: :class:`ServerSettings`.
 
-Each field is declared with :func:`host.core.engine_args.flag`, as the engine flags are: its
+Each field is declared with :func:`host.core.config.flags.flag`, as the engine flags are: its
 default, its help text and how the command line offers it. ``host serve`` builds its server
 options from these fields (:mod:`host.core.entrypoints.cli.server_flags`), ``run_server`` takes
 the settings object, and the app and the endpoint plugins read it (``app.state.settings``); a
@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from host.core.engine_args import flag
+from host.core.config.flags import flag
 
 MODEL_TASKS = ("generate",)  # what the decoder-only models we load support
 DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
