@@ -70,7 +70,12 @@ def _quantization_config(quantization: str | None, extra: dict | None, activatio
 class EngineArgs:
     """Every engine flag, with the defaults ``host generate`` / ``LLM(...)`` use."""
 
-    model: str | None = flag(help="HF model directory or .gguf file", short="-m", default_text="SmolLM2-135M-Instruct")
+    model: str | None = flag(
+        help="HF model directory, .gguf file, or Hugging Face Hub id ORG/NAME (ORG/NAME:FILE.gguf for one GGUF file)",
+        short="-m", default_text="SmolLM2-135M-Instruct",
+    )
+    revision: str | None = flag(help="Hub revision (branch, tag or commit) of an ORG/NAME model", default_text="main")
+    download_dir: str | None = flag(help="Hugging Face cache folder for ORG/NAME models", default_text="HF_HOME's hub cache")
     tokenizer: str | None = flag(help="tokenizer directory", default_text="the model's")
     skip_tokenizer_init: bool = flag(False, help="token ids in and out, no tokenizer", cli=False)
     dtype: str = flag(
@@ -201,7 +206,7 @@ class EngineArgs:
         platform = current_platform()
         if platform.name == "unspecified":
             raise RuntimeError("no platform detected this machine's hardware; see `host platform`")
-        path = resolve_model_path(self.model)
+        path = resolve_model_path(self.model, revision=self.revision, download_dir=self.download_dir)
         hf_config = load_hf_config(path)
         dtype = str(resolve_dtype(DTYPE_ALIASES.get(self.dtype, self.dtype), hf_config, platform.device_type)).replace("torch.", "")
         dtype = _platform_dtype(dtype, platform)

@@ -201,12 +201,15 @@ def served_name(model: str | None) -> str:
     return model.strip()
 
 
-def resolve_model_path(model: str | None) -> str:
+def resolve_model_path(model: str | None, revision: str | None = None, download_dir: str | None = None) -> str:
     """The local path for a ``--model`` value.
 
     ``None`` (or ``"default"``, ``"SmolLM2-135M-Instruct"``) -> the converted default model; an
-    existing directory with a ``config.json`` or an existing ``.gguf`` file -> itself (absolute).
-    Anything else is a ``ValueError``: there is no download from the Hugging Face Hub.
+    existing directory with a ``config.json`` or an existing ``.gguf`` file -> itself (absolute);
+    a Hub id ``ORG/NAME`` (``ORG/NAME:FILE.gguf``) -> its snapshot in the local Hugging Face cache,
+    downloaded first when it is not there (:mod:`host.core.models.hub`; ``revision`` and
+    ``download_dir``: ``--revision``, ``--download-dir``). Anything else is a
+    ``ValueError`` naming the fix.
     """
     if model is None or model.strip().lower() in DEFAULT_MODEL_ALIASES:
         return default_model_path()
@@ -220,8 +223,12 @@ def resolve_model_path(model: str | None) -> str:
         return path
     if os.path.isfile(path) and path.lower().endswith(".gguf"):
         return path
+    from host.core.models.hub import looks_like_hub_id, resolve_hub_id
+
+    if looks_like_hub_id(model.strip()):
+        return resolve_hub_id(model.strip(), revision=revision, cache_dir=download_dir)
     raise ValueError(
-        f"model={model!r} is not a local Hugging Face model directory (config.json + *.safetensors) "
-        "or .gguf file. Pass one of those, or leave --model unset for the default model "
-        f"({DEFAULT_MODEL_NAME}); models are not downloaded from the Hugging Face Hub."
+        f"model={model!r} is not a local Hugging Face model directory (config.json + *.safetensors), "
+        "a .gguf file or a Hugging Face Hub id (ORG/NAME, ORG/NAME:FILE.gguf). Pass one of those, or "
+        f"leave --model unset for the default model ({DEFAULT_MODEL_NAME})."
     )

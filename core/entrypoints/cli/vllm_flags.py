@@ -68,8 +68,6 @@ VLLM_FLAGS: tuple[VllmFlag, ...] = (
     VllmFlag("--enable-force-include-usage", "request usage with stream_options.include_usage"),
     VllmFlag("--worker-use-ray", "use --distributed-executor-backend ray (vLLM removed this flag too)", refuse=True),
     # values that change nothing here
-    VllmFlag("--download-dir", "host never downloads weights: the model is a local folder or .gguf file", takes_value=True),
-    VllmFlag("--revision", "host never downloads weights: the local folder is the revision", takes_value=True),
     VllmFlag("--code-revision", "host runs no code from a model folder", takes_value=True),
     VllmFlag("--tokenizer-revision", "host never downloads a tokenizer: --tokenizer is a local folder", takes_value=True),
     VllmFlag("--tokenizer-mode", "host loads the folder's tokenizer with transformers' AutoTokenizer (fast where there is one)",

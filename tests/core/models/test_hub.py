@@ -1,0 +1,93 @@
+"""Hub ids (``ORG/NAME``) resolved through ``huggingface_hub`` from a cache laid out exactly as it
+lays one out (refs/main -> snapshots/<commit>/, files as symlinks into blobs/), with downloads off
+(the tests never reach the Hub: tests/conftest.py sets HF_HUB_OFFLINE=1)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from host import LLM, SamplingParams
+from host.core.models.default_model import resolve_model_path
+from host.core.models.hub import looks_like_hub_id
+
+from helpers import hf_greedy, hf_model
+
+
+def lay_out_cache(cache: Path, repo_id: str, files_from: Path, commit: str = "0123456789abcdef0123456789abcdef01234567",
+                  ref: str = "main") -> Path:
+    """``huggingface_hub``'s cache layout for one model repository at one ref; returns the snapshot folder."""
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    snapshot = repo / "snapshots" / commit
+    (repo / "blobs").mkdir(parents=True, exist_ok=True)
+    snapshot.mkdir(parents=True)
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / ref).write_text(commit)
+    for f in files_from.iterdir():
+        blob = repo / "blobs" / hashlib.sha256(f.read_bytes()).hexdigest()
+        shutil.copyfile(f, blob)
+        os.symlink(os.path.relpath(blob, snapshot), snapshot / f.name)
+    return snapshot
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hub"
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    return cache
+
+
+def test_hub_ids_are_told_from_local_paths(tmp_path):
+    assert looks_like_hub_id("Qwen/Qwen3-0.6B") and looks_like_hub_id("unsloth/gemma-3-270m-it-GGUF:gemma-3-270m-it-Q4_K_M.gguf")
+    assert not looks_like_hub_id("./models/llama") and not looks_like_hub_id("/abs/model") and not looks_like_hub_id("a/b/c")
+    (tmp_path / "org").mkdir()
+    (tmp_path / "org" / "name").mkdir()
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        assert not looks_like_hub_id("org/name")  # an existing local folder wins
+    finally:
+        os.chdir(cwd)
+
+
+def test_a_cached_hub_id_serves_offline_and_equals_transformers(hub_cache, tiny_checkpoint):
+    ckpt = tiny_checkpoint("llama")
+    snapshot = lay_out_cache(hub_cache, "acme/tiny-llama", ckpt)
+    assert resolve_model_path("acme/tiny-llama") == str(snapshot)
+    llm = LLM("acme/tiny-llama", skip_tokenizer_init=True, max_model_len=64, kv_cache_memory=16 << 20)
+    prompt = [5, 17, 42, 8, 99, 3]
+    out = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
+    assert list(out[0].outputs[0].token_ids) == hf_greedy(hf_model(ckpt), prompt, 8)
+
+
+def test_revision_and_download_dir_choose_the_snapshot(hub_cache, tiny_checkpoint, tmp_path):
+    other = tmp_path / "elsewhere"
+    main = lay_out_cache(other, "acme/tiny-llama", tiny_checkpoint("llama"))
+    v2 = lay_out_cache(other, "acme/tiny-llama", tiny_checkpoint("llama", seed=1), commit="f" * 40, ref="v2")
+    assert resolve_model_path("acme/tiny-llama", download_dir=str(other)) == str(main)
+    assert resolve_model_path("acme/tiny-llama", revision="v2", download_dir=str(other)) == str(v2)
+    with pytest.raises(ValueError, match=r"not in the local Hugging Face cache"):
+        resolve_model_path("acme/tiny-llama")  # not in the default cache
+
+
+def test_an_id_missing_offline_is_a_clear_error(hub_cache):
+    with pytest.raises(ValueError, match=r"'acme/absent' is not in the local Hugging Face cache .*HF_HUB_OFFLINE=1"):
+        resolve_model_path("acme/absent")
+    with pytest.raises(ValueError, match=r"\.gguf"):
+        resolve_model_path("meta-llama/Llama-3.2-1B")
+
+
+def test_a_snapshot_without_config_is_refused(hub_cache, tmp_path):
+    files = tmp_path / "files"
+    files.mkdir()
+    (files / "README.md").write_text("no weights here")
+    lay_out_cache(hub_cache, "acme/readme-only", files)
+    with pytest.raises(ValueError, match="has no config.json"):
+        resolve_model_path("acme/readme-only")
