@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from helpers import hf_greedy, hf_model
 from host import LLM, SamplingParams
 from host.core.models.default_model import resolve_model_path
 from host.core.models.hub import looks_like_hub_id
-
-from helpers import hf_greedy, hf_model
 
 
 def lay_out_cache(cache: Path, repo_id: str, files_from: Path, commit: str = "0123456789abcdef0123456789abcdef01234567",
