@@ -16,7 +16,7 @@ which one serves each op here, and why. Nothing is registered at import time.
 
 from __future__ import annotations
 
-import host.core.plugins.manager  # noqa: F401 - installs the table's filler (the plugin host)
+import host.core.plugins  # noqa: F401 - installs the table's filler (core/plugins/kernel_filler.py)
 from host.interfaces.kernels import (
     ANY_DEVICE,
     KernelImpl,

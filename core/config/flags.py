@@ -5,6 +5,8 @@ every engine flag (:class:`host.core.engine_args.EngineArgs`) and server flag
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from typing import Any
 
 
@@ -47,3 +49,16 @@ def flag(
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
+
+
+def flag_name(field: dataclasses.Field) -> str:
+    """The option a flag field is by default: ``max_num_seqs`` -> ``--max-num-seqs``."""
+    return "--" + field.name.replace("_", "-")
+
+
+def flag_value_type(cls: type, field: dataclasses.Field) -> Any:
+    """The type of value a flag field of dataclass ``cls`` holds, ``None`` aside: ``int`` for
+    ``int | None``, ``list[str]`` for ``list[str] | None``."""
+    hint = typing.get_type_hints(cls)[field.name]
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if typing.get_origin(hint) in (typing.Union, types.UnionType) else hint

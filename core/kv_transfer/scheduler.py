@@ -5,7 +5,7 @@ blocks a connector holds, and frees fenced behind steps still in flight.
 (:class:`~host.core.scheduler.feature.SchedulerFeature`: admission of requests whose load was in
 flight, the plan's connector metadata, the step's transfer report, the connector's stats) and the
 scheduler's :class:`~host.core.scheduler.kv_source.KVSource` (external tokens at admission, and
-frees that a connector may take over or that wait behind steps in flight). The order of calls to the connector is the one ``host/sdk/kv_connector.py``
+frees that a connector may take over or that wait behind steps in flight). The order of calls to the connector is the one ``host/interfaces/kv_connector.py``
 documents.
 
 Block ownership, the part that must never be wrong:

@@ -15,11 +15,11 @@ loads, what is fatal), ``records`` (what happened to each plugin), ``registry`` 
 fed by ``host_register_*`` hooks), ``tracing`` (``HOST_TRACE_PLUGINS``). Their public names are
 importable from here too.
 
-The kernel table (:mod:`host.interfaces.kernels`) is filled from here too: this module installs
-the table's filler, which on the first lookup in a process loads the groups that offer kernels
-(general, platforms, quantization), registers the core's references and calls
-``host_offer_kernels`` (:meth:`PluginHost.offer_kernels`); a plugin loaded later is offered on
-the next lookup.
+The kernel table (:mod:`host.interfaces.kernels`) is filled from here too: its filler
+(:mod:`host.core.plugins.kernel_filler`, installed when :mod:`host.core.plugins` is imported) on
+the first lookup in a process loads the groups that offer kernels (general, platforms,
+quantization), and :meth:`PluginHost.offer_kernels` registers the core's references and calls
+``host_offer_kernels``; a plugin loaded later is offered on the next lookup.
 """
 
 from __future__ import annotations

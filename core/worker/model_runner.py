@@ -5,8 +5,8 @@ The runner owns loading, the KV cache, memory profiling and decode graphs, and e
 :meth:`ModelRunner.run_forward`, :meth:`ModelRunner.logits_at`,
 :meth:`ModelRunner.keep_sampled_on_device`, :meth:`ModelRunner.record_sampled` and
 :meth:`ModelRunner.prompt_logprobs`. A *step kind* composes them into a whole step: the plain
-sampling step (:mod:`.sampling_step`), the speculative verify step (:mod:`.spec_decode.verify`)
-or the pooling step (:mod:`.pooling_runner`). The runner imports none of them: it is handed a
+sampling step (:mod:`.sampling_step`), the speculative verify step (:mod:`host.core.spec_decode.worker.verify`)
+or the pooling step (:mod:`host.core.pooling.worker`). The runner imports none of them: it is handed a
 factory for its step kind (the worker's :func:`~host.core.worker.worker.make_step_kind`) and
 calls it through the :class:`~host.core.worker.step_kind.StepKind` protocol.
 
@@ -155,13 +155,13 @@ class ModelRunner:
 
     @property
     def spec_decode(self) -> Any:
-        """The speculative verify step (``--speculative-config``, :mod:`.spec_decode.verify`),
+        """The speculative verify step (``--speculative-config``, :mod:`host.core.spec_decode.worker.verify`),
         else ``None``."""
         return self.step_kind if self.step_kind is not None and self.step_kind.name == "speculative" else None
 
     @property
     def pooling(self) -> Any:
-        """The pooling step of a pooling model (:mod:`.pooling_runner`), else ``None``."""
+        """The pooling step of a pooling model (:mod:`host.core.pooling.worker`), else ``None``."""
         return self.step_kind if self.step_kind is not None and self.step_kind.name == "pooling" else None
 
     @property
@@ -530,7 +530,7 @@ class ModelRunner:
         sampled ids (asynchronous scheduling plans the next step in between). Otherwise, and for
         the other step kinds, the finished output.
 
-        With a KV connector its worker role runs around the step (:mod:`.kv_connector`), and
+        With a KV connector its worker role runs around the step (:mod:`host.core.kv_transfer.worker`), and
         the output carries its report."""
         kv = self.kv_connector
         if kv is None:

@@ -60,9 +60,8 @@ class SamplingStep:
         if not runner.pipeline.is_last:
             runner.pipeline.send(hidden)  # the last stage samples
             return ModelRunnerOutput(req_ids=[], req_id_to_index={}, sampled_token_ids=[])
-        # one token per request: every row is sampled (logits_at scores hidden whole)
-        last_rows = np.arange(len(req_ids)) if len(inputs.input_ids) == len(req_ids) else np.cumsum(num_scheduled) - 1
-        logits = runner.logits_at(hidden, inputs, last_rows)
+        # each request's last token (one token per request: every row, and logits_at scores hidden whole)
+        logits = runner.logits_at(hidden, inputs, np.cumsum(num_scheduled) - 1)
         rows = inputs.rows
         states = [batch.states[i] for i in rows]
         computed_before = batch.num_computed_tokens[rows]

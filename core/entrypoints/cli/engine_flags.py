@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import types
-import typing
 from typing import Any, Callable, Iterable, Literal, Optional
 
 import typer
 
+from host.core.config.flags import flag_name, flag_value_type
 from host.core.engine_args import EngineArgs
 from host.core.entrypoints.cli.flag_groups import add_flag_group
 
@@ -32,15 +31,10 @@ def engine_fields(exclude: Iterable[str] = ()) -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(EngineArgs) if f.metadata["cli"] and f.name not in skip]
 
 
-def flag_name(field: dataclasses.Field) -> str:
-    return "--" + field.name.replace("_", "-")
 
 
 def _value_type(field: dataclasses.Field) -> Any:
-    """``int`` for ``int | None``, ``list[int]`` for ``list[int] | None``."""
-    hint = typing.get_type_hints(EngineArgs)[field.name]
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    return args[0] if typing.get_origin(hint) in (typing.Union, types.UnionType) else hint
+    return flag_value_type(EngineArgs, field)
 
 
 def _is_switch(field: dataclasses.Field) -> bool:

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import types
 import typing
 from typing import Any, Callable, Optional
 
 import typer
 
+from host.core.config.flags import flag_name, flag_value_type
 from host.core.entrypoints.cli.flag_groups import add_flag_group
 from host.core.entrypoints.server_settings import ServerSettings, read_chat_template
 
@@ -38,17 +38,14 @@ def option_names(field: dataclasses.Field) -> list[str]:
     ``--name/--no-name`` for a boolean on by default)."""
     if field.metadata["names"]:
         return list(field.metadata["names"])
-    name = "--" + field.name.replace("_", "-")
+    name = flag_name(field)
     if field_default(field) is True:
         return [f"{name}/--no-{name[2:]}"]
     return [name]
 
 
 def _value_type(field: dataclasses.Field) -> Any:
-    """``int`` for ``int | None``; ``list[str]`` stays."""
-    hint = typing.get_type_hints(ServerSettings)[field.name]
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    return args[0] if typing.get_origin(hint) in (typing.Union, types.UnionType) else hint
+    return flag_value_type(ServerSettings, field)
 
 
 def _option(field: dataclasses.Field) -> inspect.Parameter:
