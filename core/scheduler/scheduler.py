@@ -52,19 +52,19 @@ class Scheduler(RequestBook):
         check_scheduler_config(scheduler_config, cache_config, kv_cache_manager)
         self.scheduler_config = scheduler_config
         self.cache_config = cache_config
-        self.max_model_len = scheduler_config.max_model_len
         self.max_num_running_reqs = scheduler_config.max_num_seqs
         self.max_num_scheduled_tokens = scheduler_config.max_num_batched_tokens
 
         # the features' seams (feature.py): drafts, adapters, KV transfer, pooling, grammars
         if features is None:
             features = default_features(
-                kv_cache_manager, self.max_model_len, kv_connector, kv_transfer_config, steps_in_flight,
+                kv_cache_manager, scheduler_config.max_model_len, kv_connector, kv_transfer_config, steps_in_flight,
                 lora_config, speculative_config,
             )
         RequestBook.__init__(self, kv_cache_manager, scheduler_config.max_model_len, scheduler_config.policy, features)
         self.kv_lookahead = max((f.kv_lookahead for f in self.features), default=0)
         self._admitters = overriding(self.features, "admit")
+        self._admission_starters = overriding(self.features, "begin_admissions")
         self._contributors = overriding(self.features, "contribute")
         self._output_takers = overriding(self.features, "take_output")
         self._token_takers = overriding(self.features, "take_tokens")
@@ -87,7 +87,7 @@ class Scheduler(RequestBook):
         if len(self.running) + len(self.waiting) <= 1:
             threshold = 0  # nobody to starve
         self._schedule_running(plan, in_flight, threshold)
-        for feature in self._admitters:
+        for feature in self._admission_starters:
             feature.begin_admissions(self.running)
         if not plan.preempted:  # a step that had to preempt admits nobody: memory is short
             self._schedule_waiting(plan, in_flight, threshold)
