@@ -76,6 +76,10 @@ class EngineArgs:
     )
     revision: str | None = flag(help="Hub revision (branch, tag or commit) of an ORG/NAME model", default_text="main")
     download_dir: str | None = flag(help="Hugging Face cache folder for ORG/NAME models", default_text="HF_HOME's hub cache")
+    gguf_file: str | None = flag(
+        help="the one .gguf file to serve from an ORG/NAME repository or a local folder (as ORG/NAME:FILE.gguf)",
+        default_text="none: safetensors",
+    )
     tokenizer: str | None = flag(help="tokenizer directory", default_text="the model's")
     skip_tokenizer_init: bool = flag(False, help="token ids in and out, no tokenizer", cli=False)
     dtype: str = flag(
@@ -206,7 +210,7 @@ class EngineArgs:
         platform = current_platform()
         if platform.name == "unspecified":
             raise RuntimeError("no platform detected this machine's hardware; see `host platform`")
-        path = resolve_model_path(self.model, revision=self.revision, download_dir=self.download_dir)
+        path = resolve_model_path(self.model, revision=self.revision, download_dir=self.download_dir, gguf_file=self.gguf_file)
         hf_config = load_hf_config(path)
         dtype = str(resolve_dtype(DTYPE_ALIASES.get(self.dtype, self.dtype), hf_config, platform.device_type)).replace("torch.", "")
         dtype = _platform_dtype(dtype, platform)

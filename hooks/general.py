@@ -16,20 +16,7 @@ from host.hooks.markers import hookspec
 GROUP = "host.general"
 LOADED_IN = ("api", "engine", "worker")
 LAZY_IN: tuple[str, ...] = ()
-SUMMARY = "models registry, kernels, config tweaks, startup"
-
-
-@hookspec
-def host_register_models(register: Callable[..., None]) -> None:
-    """Register model architectures with the host's model registry.
-
-    Call ``register(architecture, model_class)`` once per architecture, where ``architecture`` is
-    the string found in a Hugging Face ``config.json`` ``architectures`` list (for example
-    ``"LlamaForCausalLM"``) and ``model_class`` is the class itself or a lazy
-    ``"package.module:ClassName"`` string, which is imported only when a model of that
-    architecture is loaded. Registering a name that another plugin already registered is an
-    error naming both plugins.
-    """
+SUMMARY = "kernels, config tweaks, startup"
 
 
 @hookspec

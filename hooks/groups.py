@@ -24,6 +24,7 @@ from host.hooks import (
     general,
     io_processors,
     kv_connectors,
+    models,
     platforms,
     quantization,
     reasoning_parsers,
@@ -36,6 +37,7 @@ PROCESSES: tuple[str, ...] = ("api", "engine", "worker")
 # the families in load order: discovery sorts plugins by it and a process loads its groups in it
 FAMILIES: tuple[ModuleType, ...] = (
     general,
+    models,
     platforms,
     attention,
     quantization,
@@ -81,6 +83,7 @@ FAMILY_MODULES: dict[str, ModuleType] = {m.GROUP: m for m in FAMILIES}
 
 GENERAL_GROUP: str = general.GROUP  # every plugin, whatever its group, may implement these hooks
 PLATFORMS_GROUP: str = platforms.GROUP
+MODELS_GROUP: str = models.GROUP
 ENDPOINTS_GROUP: str = endpoints.GROUP  # third-party endpoint plugins are opt-in
 
 

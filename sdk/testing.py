@@ -43,6 +43,7 @@ from host.sdk.conformance import (  # noqa: F401 - the suites, re-exported for p
     ExecutorConformance,
     IOProcessorConformance,
     KVConnectorConformance,
+    ModelConformance,
     PlatformConformance,
     QuantizationMethodConformance,
     ReasoningParserConformance,

@@ -21,7 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # for `import helpers`
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures"
-FIXTURE_PACKAGES = ("recorder", "accel_a", "accel_b", "endpoint", "broken", "wronggroup", "statsink", "toolparser", "quantint4", "kvflaky", "ioupper")
+FIXTURE_PACKAGES = ("recorder", "accel_a", "accel_b", "endpoint", "broken", "wronggroup", "statsink", "toolparser", "quantint4", "kvflaky", "ioupper",
+                    "olmo2")
 
 pytest_plugins = ["host.sdk.testing"]
 

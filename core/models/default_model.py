@@ -201,16 +201,20 @@ def served_name(model: str | None) -> str:
     return model.strip()
 
 
-def resolve_model_path(model: str | None, revision: str | None = None, download_dir: str | None = None) -> str:
+def resolve_model_path(model: str | None, revision: str | None = None, download_dir: str | None = None,
+                       gguf_file: str | None = None) -> str:
     """The local path for a ``--model`` value.
 
     ``None`` (or ``"default"``, ``"SmolLM2-135M-Instruct"``) -> the converted default model; an
     existing directory with a ``config.json`` or an existing ``.gguf`` file -> itself (absolute);
     a Hub id ``ORG/NAME`` (``ORG/NAME:FILE.gguf``) -> its snapshot in the local Hugging Face cache,
     downloaded first when it is not there (:mod:`host.core.models.hub`; ``revision`` and
-    ``download_dir``: ``--revision``, ``--download-dir``). Anything else is a
-    ``ValueError`` naming the fix.
+    ``download_dir``: ``--revision``, ``--download-dir``). ``gguf_file`` (``--gguf-file``) names the
+    one GGUF of a Hub repository or of a local folder. Anything else is a ``ValueError`` naming the
+    fix.
     """
+    if gguf_file:
+        model = _with_gguf_file(model, gguf_file)
     if model is None or model.strip().lower() in DEFAULT_MODEL_ALIASES:
         return default_model_path()
     path = os.path.abspath(os.path.expanduser(model))
@@ -232,3 +236,22 @@ def resolve_model_path(model: str | None, revision: str | None = None, download_
         "a .gguf file or a Hugging Face Hub id (ORG/NAME, ORG/NAME:FILE.gguf). Pass one of those, or "
         f"leave --model unset for the default model ({DEFAULT_MODEL_NAME})."
     )
+
+
+def _with_gguf_file(model: str | None, gguf_file: str) -> str:
+    """``--model`` joined with ``--gguf-file``: ``FOLDER/FILE.gguf`` for a local folder,
+    ``ORG/NAME:FILE.gguf`` for a Hub id."""
+    if not gguf_file.lower().endswith(".gguf") or "/" in gguf_file:
+        raise ValueError(f"gguf_file={gguf_file!r} must be a file name ending in .gguf (as listed in the repository)")
+    if model is None or ":" in model or model.lower().endswith(".gguf"):
+        raise ValueError(
+            f"gguf_file={gguf_file!r} needs --model to be a Hub id ORG/NAME or a local folder, got {model!r}; "
+            "pass --model ORG/NAME --gguf-file FILE.gguf (or --model ORG/NAME:FILE.gguf alone)"
+        )
+    folder = os.path.abspath(os.path.expanduser(model))
+    if os.path.isdir(folder):
+        path = os.path.join(folder, gguf_file)
+        if not os.path.isfile(path):
+            raise ValueError(f"gguf_file={gguf_file!r} is not in {folder}; name one of its .gguf files")
+        return path
+    return f"{model.strip()}:{gguf_file}"

@@ -53,6 +53,7 @@ from host.core.models.parallel_layers import (
 from host.core.models.pipeline import MissingLayer, stage_layers
 from host.core.models.quant_linear import QuantEmbedding, QuantLinear, finish_loading
 from host.core.models.weight_fill import check_complete, copy_into
+from host.interfaces.model import ModelForCausalLM
 
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 # Hugging Face sub-projection -> (our fused parameter, shard id)
@@ -284,7 +285,7 @@ class DecoderModel(nn.Module):
         return self.norm(hidden, residual)[0]
 
 
-class LlamaForCausalLM(nn.Module):
+class LlamaForCausalLM(ModelForCausalLM):
     """Llama architecture (also SmolLM2, TinyLlama, Mistral-shaped checkpoints).
 
     Built as ``LlamaForCausalLM(hf_config, dtype, attn_backend, quant_plan=None, shard=None)``.
@@ -296,6 +297,10 @@ class LlamaForCausalLM(nn.Module):
     (see :meth:`forward`); ``compute_logits`` only on the last stage, called by EVERY
     tensor-parallel rank there (the vocabulary-split logits are all-gathered).
     """
+
+    supports_tensor_parallel = True
+    supports_pipeline_parallel = True
+    supports_quantization = True
 
     @staticmethod
     def qkv_bias(config: Any) -> bool:

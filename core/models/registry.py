@@ -1,6 +1,6 @@
 """Architecture name -> model class, through the plugin host's ``models`` registry.
 
-The registry is fed by ``host_register_models`` implementations of ``host.general`` plugins
+The registry is fed by ``host_register_models`` implementations of ``host.models`` plugins
 (the built-in ones live in ``host.plugins.builtin_models``); entries are classes or lazy
 ``"package.module:ClassName"`` strings imported only here, when a model is loaded.
 """
@@ -11,14 +11,46 @@ import importlib
 from typing import Any
 
 from host.core.plugins.manager import get_plugin_host
-from host.hooks.groups import GENERAL_GROUP
+from host.hooks.groups import MODELS_GROUP
 
 
 def supported_architectures() -> dict[str, Any]:
     """Every registered architecture and its class (or lazy ``"module:Class"`` string)."""
     host = get_plugin_host()
-    host.load_groups([GENERAL_GROUP])
+    host.load_groups([MODELS_GROUP])
     return dict(host.registry("models"))
+
+
+def transformers_architectures() -> list[str]:
+    """The decoder-only ``*ForCausalLM`` architectures the installed transformers builds: what the
+    transformers fallback (``--model-impl transformers``) can serve, sorted."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    names = set()
+    for value in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values():
+        for name in (value,) if isinstance(value, str) else value:
+            if name.endswith("ForCausalLM"):
+                names.add(name)
+    return sorted(names)
+
+
+def architecture_rows() -> list[dict[str, str]]:
+    """One row per architecture host serves: the registered ones (``implementation`` native,
+    with the plugin that registered it and its class), then every other architecture of
+    :func:`transformers_architectures` (``implementation`` transformers: the fallback)."""
+    host = get_plugin_host()
+    host.load_groups([MODELS_GROUP])
+    native = host.registry("models")
+    rows = [
+        {"architecture": arch, "implementation": "native", "plugin": host.registry_owner("models", arch),
+         "target": entry if isinstance(entry, str) else f"{entry.__module__}:{entry.__qualname__}"}
+        for arch, entry in sorted(native.items())
+    ]
+    rows += [
+        {"architecture": arch, "implementation": "transformers", "plugin": "", "target": f"transformers:{arch}"}
+        for arch in transformers_architectures() if arch not in native
+    ]
+    return rows
 
 
 def _import_target(target: str) -> type:
@@ -43,11 +75,11 @@ def resolve_model_class(architectures: list[str]) -> type:
         if entry is None:
             continue
         return _import_target(entry) if isinstance(entry, str) else entry
-    supported = ", ".join(sorted(registry)) or "(none: is the host.general group blocked?)"
+    supported = ", ".join(sorted(registry)) or "(none: is the host.models group blocked?)"
     raise ValueError(
         f"model architecture(s) {list(architectures or [])} are not supported; supported: "
         f"{supported}. To add one, write a model class (built as Cls(hf_config, dtype, "
         "attn_backend), with forward(input_ids, positions), compute_logits and load_weights) "
-        "and register it from a host.general plugin implementing host_register_models "
+        "and register it from a host.models plugin implementing host_register_models "
         "(register('MyArchForCausalLM', 'my_pkg.model:MyArchForCausalLM'))."
     )

@@ -1,4 +1,4 @@
-"""Built-in model architectures (entry point ``host.general: builtin_models``).
+"""Built-in model architectures (entry point ``host.models: builtin_models``).
 
 Registered as lazy ``"module:Class"`` strings so no model code is imported until a model of
 that architecture is loaded. The implementation lives in ``host.core.models``.

@@ -20,6 +20,7 @@ from host.sdk.conformance.endpoint import EndpointConformance
 from host.sdk.conformance.executor import ExecutorConformance
 from host.sdk.conformance.io_processor import IOProcessorConformance
 from host.sdk.conformance.kv_connector import KVConnectorConformance
+from host.sdk.conformance.models import ModelConformance
 from host.sdk.conformance.parsers import ReasoningParserConformance, ToolParserConformance
 from host.sdk.conformance.platform import PlatformConformance
 from host.sdk.conformance.quantization import QuantizationMethodConformance
@@ -31,6 +32,7 @@ __all__ = [
     "ExecutorConformance",
     "IOProcessorConformance",
     "KVConnectorConformance",
+    "ModelConformance",
     "PlatformConformance",
     "QuantizationMethodConformance",
     "ReasoningParserConformance",

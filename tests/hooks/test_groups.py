@@ -37,14 +37,14 @@ def test_every_spec_module_declares_its_group():
 def test_group_table_as_the_host_reads_it():
     # the load order and the per-process sets the plugin host has always used
     assert list(GROUPS) == [
-        "host.general", "host.platforms", "host.attention_backends", "host.quantization",
+        "host.general", "host.models", "host.platforms", "host.attention_backends", "host.quantization",
         "host.kv_connectors", "host.executors", "host.io_processors", "host.endpoints",
         "host.stat_loggers", "host.tool_parsers", "host.reasoning_parsers",
     ]
     assert groups_for("api", include_lazy=False) == [
         "host.general", "host.io_processors", "host.endpoints", "host.stat_loggers", "host.tool_parsers", "host.reasoning_parsers",
     ]
-    assert groups_for("api")[:2] == ["host.general", "host.platforms"]
+    assert groups_for("api")[:3] == ["host.general", "host.models", "host.platforms"]
     assert "host.executors" in groups_for("engine") and "host.executors" not in groups_for("worker")
     assert (groups.GENERAL_GROUP, groups.PLATFORMS_GROUP, groups.ENDPOINTS_GROUP) == (
         "host.general", "host.platforms", "host.endpoints"

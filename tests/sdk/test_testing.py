@@ -46,14 +46,21 @@ def test_in_memory_plugins_obey_the_group_rule(plugin_host):
 
 
 def test_general_hooks_are_allowed_in_any_group(plugin_host, register_plugin):
+    seen = []
+
     class Models:
         @hookimpl
         def host_register_models(self, register):
             register("TinyArch", "tests.nowhere:Tiny")
 
         @hookimpl
-        def host_register_stat_loggers(self, register):
-            pass
+        def host_adjust_config(self, config):
+            seen.append(config)
 
-    register_plugin(Models(), name="models_and_stats", group="host.stat_loggers")
+    register_plugin(Models(), name="models_and_config", group="host.models")
     assert plugin_host.registry("models")["TinyArch"] == "tests.nowhere:Tiny"
+    plugin_host.pm.hook.host_adjust_config(config="cfg")
+    assert seen == ["cfg"]
+    with pytest.raises(PluginError, match="host_register_models"):  # the reverse is refused
+        with registered_plugin(Models(), name="misplaced_models", group="host.general"):
+            pass

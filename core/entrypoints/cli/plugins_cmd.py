@@ -72,8 +72,9 @@ def list_plugins(
     rows = _rows(host, group, process)
     unknown = host.unknown_allowlisted()
     kernels = _kernel_rows(host)
+    models = _model_rows()
     if as_json:
-        payload: dict[str, Any] = {"plugins": rows, "unknown_allowlisted": unknown, "kernels": kernels}
+        payload: dict[str, Any] = {"plugins": rows, "unknown_allowlisted": unknown, "kernels": kernels, "models": models}
         if show_all:
             payload["groups"] = {
                 name: {"processes": list(g.processes), "lazy_in": list(g.lazy_in), "summary": g.summary}
@@ -105,6 +106,36 @@ def list_plugins(
         console.print(f"[red]allowlisted name {name!r} matches no installed plugin[/red]")
     if kernels:
         console.print(_kernel_table(kernels))
+    if models:
+        console.print(_model_table(models, show_all))
+
+
+def _model_rows() -> list[dict[str, str]]:
+    """Every architecture and its implementation (:func:`host.core.models.registry.architecture_rows`);
+    empty, with a warning, when the models group cannot load."""
+    from host.core.models.registry import architecture_rows
+
+    try:
+        return architecture_rows()
+    except Exception as exc:  # noqa: BLE001 - a listing reports, it does not fail
+        typer.echo(f"warning: models: {exc}", err=True)
+        return []
+
+
+def _model_table(models: list[dict[str, str]], show_all: bool) -> Table:
+    native = [m for m in models if m["implementation"] == "native"]
+    fallback = [m["architecture"] for m in models if m["implementation"] == "transformers"]
+    table = Table(title="model architectures (--model-impl auto: native where registered, else transformers)")
+    for col in ("architecture", "implementation", "plugin", "class"):
+        table.add_column(col)
+    for m in native:
+        table.add_row(m["architecture"], "native", m["plugin"], m["target"])
+    if show_all:
+        for arch in fallback:
+            table.add_row(arch, "transformers", "", "the transformers fallback")
+    elif fallback:
+        table.add_row(f"+{len(fallback)} more", "transformers", "", f"e.g. {', '.join(fallback[:4])}... (--all lists them)")
+    return table
 
 
 def _list_server_plugins(server: str, as_json: bool) -> None:

@@ -73,8 +73,8 @@ def test_list_json_shows_builtins_with_groups_and_processes(builtin_plugins_list
     assert rows[("host.endpoints", "builtin_endpoints")]["processes"] == ["api"]
     from host.plugins.builtin_models import ARCHITECTURES
 
-    assert rows[("host.general", "builtin_models")]["registered"] == [f"models:{arch}" for arch in ARCHITECTURES]
-    assert "models:LlamaForCausalLM" in rows[("host.general", "builtin_models")]["registered"]
+    assert rows[("host.models", "builtin_models")]["registered"] == [f"models:{arch}" for arch in ARCHITECTURES]
+    assert "models:LlamaForCausalLM" in rows[("host.models", "builtin_models")]["registered"]
 
 
 def test_list_shows_third_party_status_and_reasons(runs):

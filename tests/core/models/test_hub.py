@@ -90,3 +90,88 @@ def test_a_snapshot_without_config_is_refused(hub_cache, tmp_path):
     lay_out_cache(hub_cache, "acme/readme-only", files)
     with pytest.raises(ValueError, match="has no config.json"):
         resolve_model_path("acme/readme-only")
+
+
+def test_gguf_file_picks_one_gguf_from_a_hub_repo_or_a_folder(hub_cache, tmp_path):
+    files = tmp_path / "gguf-repo"
+    files.mkdir()
+    for name in ("tiny-Q4_K_M.gguf", "tiny-Q8_0.gguf"):
+        (files / name).write_bytes(b"GGUF" + name.encode())
+    snapshot = lay_out_cache(hub_cache, "acme/tiny-GGUF", files)
+    want = str(snapshot / "tiny-Q8_0.gguf")
+    assert resolve_model_path("acme/tiny-GGUF:tiny-Q8_0.gguf") == want
+    assert resolve_model_path("acme/tiny-GGUF", gguf_file="tiny-Q8_0.gguf") == want
+    assert resolve_model_path(str(files), gguf_file="tiny-Q4_K_M.gguf") == str(files / "tiny-Q4_K_M.gguf")
+    with pytest.raises(ValueError, match="is not in"):
+        resolve_model_path(str(files), gguf_file="tiny-F16.gguf")
+    with pytest.raises(ValueError, match="has no file 'tiny-F16.gguf'"):
+        resolve_model_path("acme/tiny-GGUF", gguf_file="tiny-F16.gguf")
+    with pytest.raises(ValueError, match="must be a file name ending in .gguf"):
+        resolve_model_path("acme/tiny-GGUF", gguf_file="weights.bin")
+    with pytest.raises(ValueError, match="--model ORG/NAME --gguf-file FILE.gguf"):
+        resolve_model_path("acme/tiny-GGUF:tiny-Q8_0.gguf", gguf_file="tiny-Q8_0.gguf")
+
+
+def test_only_what_serving_needs_is_downloaded():
+    """The allow patterns, applied by huggingface_hub's own filter (what snapshot_download keeps)."""
+    from huggingface_hub.utils import filter_repo_objects
+
+    from host.core.models.hub import SERVING_FILES
+
+    repo = ["config.json", "generation_config.json", "model-00001-of-00002.safetensors", "model.safetensors.index.json",
+            "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "pytorch_model.bin",
+            "consolidated.pth", "original/params.json", "flax_model.msgpack", "README.md", "onnx/model.onnx"]
+    kept = set(filter_repo_objects(repo, allow_patterns=list(SERVING_FILES)))
+    assert kept == {"config.json", "generation_config.json", "model-00001-of-00002.safetensors",
+                    "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}
+
+
+@pytest.fixture
+def fake_hub(monkeypatch, tmp_path):
+    """A local HTTP server answering every Hub API call with the error a test sets (status and
+    X-Error-Code, as huggingface.co answers), downloads on, an empty cache."""
+    import http.server
+    import threading
+
+    from huggingface_hub import constants
+
+    answer = {"status": 404, "code": "RepoNotFound"}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the stdlib's name
+            self.send_response(answer["status"])
+            self.send_header("X-Error-Code", answer["code"])
+            self.send_header("X-Error-Message", answer["code"])
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(b'{"error": "' + answer["code"].encode() + b'"}')
+
+        do_HEAD = do_GET
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    try:
+        yield answer
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_misspelt_gated_and_missing_revisions_are_clear_errors_from_the_hub(fake_hub):
+    fake_hub.update(status=401, code="RepoNotFound")
+    with pytest.raises(ValueError, match=r"'acme/no-such-model' is not a model on the Hugging Face Hub \(misspelt"):
+        resolve_model_path("acme/no-such-model")
+    fake_hub.update(status=403, code="GatedRepo")
+    with pytest.raises(ValueError, match=r"'acme/gated' is gated .* set HF_TOKEN"):
+        resolve_model_path("acme/gated")
+    fake_hub.update(status=404, code="RevisionNotFound")
+    with pytest.raises(ValueError, match=r"has no revision 'v9'"):
+        resolve_model_path("acme/tiny", revision="v9")

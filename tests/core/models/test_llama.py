@@ -160,7 +160,7 @@ def test_unknown_architecture_error_names_supported_and_fix(tmp_path: Path) -> N
         resolve_model_class(["FooForCausalLM"])
     message = str(excinfo.value)
     assert "FooForCausalLM" in message and "LlamaForCausalLM" in message and "Qwen3ForCausalLM" in message
-    assert "host_register_models" in message and "host.general" in message
+    assert "host_register_models" in message and "host.models" in message
 
     config = json.loads(transformers.LlamaConfig(**BASE).to_json_string())
     config["architectures"] = ["FooForCausalLM"]
@@ -176,7 +176,7 @@ class _TinyArchPlugin:
 
 
 def test_plugin_registered_architecture_resolves() -> None:
-    with isolated_plugin_host(load_all_groups=False), registered_plugin(_TinyArchPlugin(), name="tiny-arch"):
+    with isolated_plugin_host(load_all_groups=False), registered_plugin(_TinyArchPlugin(), name="tiny-arch", group="host.models"):
         cls = resolve_model_class(["NotThere", "TinyLlamaAlias"])
         assert cls.__name__ == "Qwen3ForCausalLM"
         assert resolve_model_class(["LlamaForCausalLM"]).__name__ == "LlamaForCausalLM"

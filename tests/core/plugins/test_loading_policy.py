@@ -80,7 +80,7 @@ def test_allowlist_matches_distribution_name(fixture_sites):
         n: "loaded" for n in (
             "recorder_general", "recorder_platform", "recorder_attention", "recorder_quant",
             "recorder_kv", "recorder_executor", "recorder_io", "recorder_stats", "recorder_tool_parsers",
-            "recorder_reasoning_parsers",
+            "recorder_reasoning_parsers", "recorder_models",
         )
     }
 

@@ -65,7 +65,7 @@ def test_registry_through_the_host(plugin_host, register_plugin):
         def host_register_models(self, register):
             register("WidgetForCausalLM", "widgets.model:Widget")
 
-    register_plugin(Widgets(), name="widgets")
+    register_plugin(Widgets(), name="widgets", group="host.models")
     assert plugin_host.registry("models")["WidgetForCausalLM"] == "widgets.model:Widget"
-    assert plugin_host.registry_owner("models", "WidgetForCausalLM") == "host.general:widgets"
-    assert plugin_host.records["host.general:widgets"].registered == ["models:WidgetForCausalLM"]
+    assert plugin_host.registry_owner("models", "WidgetForCausalLM") == "host.models:widgets"
+    assert plugin_host.records["host.models:widgets"].registered == ["models:WidgetForCausalLM"]

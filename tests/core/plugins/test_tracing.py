@@ -30,7 +30,7 @@ def traced(trace: bool) -> list[str]:
     handler = Lines()
     trace_logger.addHandler(handler)
     try:
-        host.register_object(Models(), name="traced")
+        host.register_object(Models(), name="traced", group="host.models")
         host.registry("models")  # called one implementation at a time
         host.pm.hook.host_startup(process="api")  # called through pm.hook
     finally:
@@ -40,8 +40,8 @@ def traced(trace: bool) -> list[str]:
 
 def test_trace_logs_each_call_and_its_result():
     lines = traced(True)
-    assert "call host.general:traced -> host_register_models(register=<callable>)" in lines
-    assert any(line.startswith("done host.general:traced -> host_register_models in ") for line in lines)
+    assert "call host.models:traced -> host_register_models(register=<callable>)" in lines
+    assert any(line.startswith("done host.models:traced -> host_register_models in ") for line in lines)
     assert "call host_startup(process='api') -> []" in lines
     assert "done host_startup: []" in lines
 
