@@ -1,4 +1,5 @@
-"""Phi-3 family: Phi-3 (mini/small-shaped/medium), Phi-3.5-mini, Phi-4, Phi-4-mini.
+"""Phi-3 family: Phi-3-mini and -medium, Phi-3.5-mini, Phi-4, Phi-4-mini (not Phi-3-small, a
+different architecture).
 
 A Llama-shaped decoder (pre-norm RMSNorm, SiLU-GLU, RoPE, no biases), so the model is
 :class:`~host.core.models.llama.LlamaForCausalLM` with three differences, each taken from

@@ -162,3 +162,19 @@ def test_gguf_with_sliding_window_loads_as_mistral(checkpoints, tmp_path) -> Non
     prompt = _ids(21, seed=6).tolist()
     out = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
     assert out[0].outputs[0].token_ids == hf_greedy(hf, prompt, 8)
+
+
+def test_backend_requirements_name_the_window_of_any_sliding_layer() -> None:
+    """The attention backend is chosen before the model is built, from the config: a window some
+    layer uses must be asked for (a backend without sliding windows would attend too far)."""
+    from host.core.worker.attention_selector import config_sliding_window
+
+    small = dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=2)
+    assert config_sliding_window(transformers.MistralConfig(**small, sliding_window=8)) == 8
+    assert config_sliding_window(transformers.MistralConfig(**small, sliding_window=None)) is None
+    assert config_sliding_window(transformers.Phi3Config(**small, sliding_window=2047)) == 2047
+    assert config_sliding_window(transformers.Qwen2Config(**small, sliding_window=8, use_sliding_window=False)) is None
+    assert config_sliding_window(transformers.Qwen2Config(**small, sliding_window=8, use_sliding_window=True, max_window_layers=1)) == 8
+    full = transformers.MinistralConfig(**small, sliding_window=8, layer_types=["full_attention"] * 2)
+    assert config_sliding_window(full) is None
+    assert config_sliding_window(transformers.LlamaConfig(**small)) is None

@@ -142,11 +142,13 @@ def test_engine_long_regime_matches_transformers(checkpoints) -> None:
     assert out[0].outputs[0].token_ids == hf_greedy(hf, prompt, 8)
 
 
-def write_phi3_gguf(path: Path, hf: Any) -> Path:
+def write_phi3_gguf(path: Path, hf: Any, quantize_to: Any = None) -> Path:
     """The HF model as llama.cpp's converter writes Phi-3: architecture ``phi3``, fused
     ``attn_qkv`` and gate+up ``ffn_up``, no q/k permutation, ``rope.dimension_count``, the
-    pretraining length, ``sliding_window`` (0: none) and the LongRoPE factors as tensors."""
+    pretraining length, ``sliding_window`` (0: none) and the LongRoPE factors as tensors; the
+    layers' projections in float32 or in the block type ``quantize_to``."""
     from gguf import GGUFWriter
+    from gguf.quants import quantize
 
     c = hf.config
     rope = c.rope_parameters
@@ -176,7 +178,11 @@ def write_phi3_gguf(path: Path, hf: Any) -> Path:
              "self_attn.o_proj": "attn_output", "mlp.gate_up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
     for i in range(c.num_hidden_layers):
         for hf_name, gguf_name in names.items():
-            writer.add_tensor(f"blk.{i}.{gguf_name}.weight", state[f"model.layers.{i}.{hf_name}.weight"])
+            weight = state[f"model.layers.{i}.{hf_name}.weight"]
+            if quantize_to is not None and weight.ndim == 2:
+                writer.add_tensor(f"blk.{i}.{gguf_name}.weight", quantize(weight, quantize_to), raw_dtype=quantize_to)
+            else:
+                writer.add_tensor(f"blk.{i}.{gguf_name}.weight", weight)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -198,6 +204,27 @@ def test_gguf_round_trip_matches_transformers(checkpoints, case: str, tmp_path) 
         assert _compare(model, hf, _ids(90, seed=3)) < 1e-4
 
 
+def test_gguf_q8_0_blocks_kept_split_like_the_float_file(checkpoints, tmp_path) -> None:
+    """Q8_0 projections kept as blocks: the fused attn_qkv / ffn_up blocks are split by rows into
+    the q/k/v and gate/up shards; greedy tokens equal the same file dequantized."""
+    from gguf import GGMLQuantizationType
+
+    from host.core.models.quant_linear import QuantLinear
+
+    _, hf = checkpoints["longrope"]
+    gguf = str(write_phi3_gguf(tmp_path / "phi3-q8.gguf", hf, GGMLQuantizationType.Q8_0))
+    prompts = [_ids(19, seed=20).tolist(), _ids(6, seed=21).tolist()]
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    runs = {}
+    for quant in ("auto", "none"):
+        llm = LLM(gguf, skip_tokenizer_init=True, max_model_len=ORIGINAL, **({} if quant == "auto" else {"quantization": "none"}))
+        model = llm.engine.executor.worker.model_runner.model
+        assert isinstance(model.model.layers[0].self_attn.qkv_proj, QuantLinear) == (quant == "auto")
+        assert isinstance(model.model.layers[1].mlp.gate_up_proj, QuantLinear) == (quant == "auto")
+        runs[quant] = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
+    assert runs["auto"] == runs["none"]
+
+
 def test_fused_tensor_of_the_wrong_size_is_an_error(checkpoints) -> None:
     _, hf = checkpoints["longrope"]
     from host.core.models.phi3 import Phi3ForCausalLM
@@ -207,3 +234,17 @@ def test_fused_tensor_of_the_wrong_size_is_an_error(checkpoints) -> None:
     state["model.layers.1.self_attn.qkv_proj.weight"] = state["model.layers.1.self_attn.qkv_proj.weight"][:-16]
     with pytest.raises(ValueError, match=r"qkv_proj.*rows"):
         model.load_weights(state.items())
+
+
+def test_tp2_engine_matches_transformers(checkpoints) -> None:
+    """``-tp 2`` (two worker processes over gloo): each rank keeps its q heads and kv heads of the
+    fused checkpoint qkv_proj and its half of gate_up_proj; the greedy tokens equal transformers'."""
+    path, hf = checkpoints["partial-tied"]
+    llm = LLM(path, skip_tokenizer_init=True, max_model_len=ORIGINAL, max_num_batched_tokens=16, enable_chunked_prefill=True,
+              tensor_parallel_size=2, distributed_executor_backend="mp")
+    try:
+        prompts = [_ids(23, seed=12).tolist(), _ids(9, seed=13).tolist()]
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+        assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(hf, p, 8) for p in prompts]
+    finally:
+        llm.shutdown()
