@@ -6,7 +6,11 @@ Tensors come either dequantized to float32 (``gguf.quants.dequantize``) or, for 
 formats a quantization method keeps, as :class:`GGUFTensor` (the file's bytes, one row per
 output feature). The q/k row permutation llama.cpp applies to Llama checkpoints is undone in
 both cases (it permutes whole rows, so the blocks are untouched), and the tensors load into the
-same models as a Hugging Face checkpoint. Supported GGUF architectures: llama, qwen2, qwen3.
+same models as a Hugging Face checkpoint. Supported GGUF architectures: llama (a llama file
+with ``llama.attention.sliding_window`` is a Mistral), qwen2, qwen3 and phi3 (fused ``attn_qkv``
+and gate+up ``ffn_up`` tensors; LongRoPE factors stored as the ``rope_factors_long`` /
+``rope_factors_short`` tensors become ``rope_scaling``; ``rope.dimension_count`` below the head
+size is a partial rotary factor).
 """
 
 from __future__ import annotations
@@ -25,7 +29,10 @@ GGUF_ARCHITECTURES = {
     "llama": ("llama", "LlamaForCausalLM"),
     "qwen2": ("qwen2", "Qwen2ForCausalLM"),
     "qwen3": ("qwen3", "Qwen3ForCausalLM"),
+    "phi3": ("phi3", "Phi3ForCausalLM"),
 }
+# a llama file naming a sliding window is a Mistral (llama.cpp writes Mistral as arch "llama")
+_MISTRAL = ("mistral", "MistralForCausalLM")
 
 # "{arch}.<key>" -> config attribute
 _CONFIG_KEYS = {
@@ -65,17 +72,24 @@ _BLOCK_TENSORS = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# per-architecture names that differ from _BLOCK_TENSORS (phi3 keeps q/k/v and gate/up fused)
+_ARCH_BLOCK_TENSORS = {
+    "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
+}
+# tensors that are configuration, not weights (read into the config, never loaded)
+_CONFIG_TENSORS = ("rope_factors_long.weight", "rope_factors_short.weight")
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 
-def hf_tensor_name(gguf_name: str) -> str:
-    """The Hugging Face parameter name of a GGUF tensor (``blk.3.attn_q.weight`` ->
-    ``model.layers.3.self_attn.q_proj.weight``)."""
+def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str:
+    """The Hugging Face parameter name of a GGUF tensor of architecture ``arch``
+    (``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``)."""
     match = _BLOCK_RE.match(gguf_name)
     if match is not None:
         idx, part, kind = match.groups()
-        if part in _BLOCK_TENSORS:
-            return f"model.layers.{idx}.{_BLOCK_TENSORS[part]}.{kind}"
+        block = {**_BLOCK_TENSORS, **_ARCH_BLOCK_TENSORS.get(arch, {})}
+        if part in block:
+            return f"model.layers.{idx}.{block[part]}.{kind}"
     else:
         base, _, kind = gguf_name.rpartition(".")
         if base in _GLOBAL_TENSORS:
@@ -150,6 +164,9 @@ class GGUFCheckpoint:
         from transformers import AutoConfig
 
         model_type, architecture = GGUF_ARCHITECTURES[self.arch]
+        window = self._field(f"{self.arch}.attention.sliding_window")
+        if self.arch == "llama" and window:
+            model_type, architecture = _MISTRAL
         kwargs: dict[str, Any] = {}
         for key, attr in _CONFIG_KEYS.items():
             value = self._field(f"{self.arch}.{key}")
@@ -173,13 +190,49 @@ class GGUFCheckpoint:
             if original is not None:
                 scaling["original_max_position_embeddings"] = int(original)
             kwargs["rope_scaling"] = scaling
+        if model_type in ("mistral", "phi3"):
+            kwargs["sliding_window"] = int(window) if window else None  # llama.cpp writes 0 for none
+        if self.arch == "phi3":
+            kwargs.update(self._phi3_rope(kwargs))
         kwargs["tie_word_embeddings"] = self.tied
         kwargs["architectures"] = [architecture]
         return AutoConfig.for_model(model_type, **kwargs)
 
+    def _phi3_rope(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Phi-3's RoPE fields: ``partial_rotary_factor`` from ``rope.dimension_count``, the
+        pretraining length, and LongRoPE's factors from their tensors (as llama.cpp's converter
+        stores them: float32, rotary_dim/2 each)."""
+        out: dict[str, Any] = {}
+        head_dim = kwargs["hidden_size"] // kwargs["num_attention_heads"]
+        rope_dims = self._field("phi3.rope.dimension_count")
+        if rope_dims and int(rope_dims) != head_dim:
+            out["partial_rotary_factor"] = int(rope_dims) / head_dim
+        original = self._field("phi3.rope.scaling.original_context_length")
+        if original:
+            out["original_max_position_embeddings"] = int(original)
+        factors = {t.name: np.asarray(t.data, dtype=np.float32).reshape(-1).tolist()
+                   for t in self.reader.tensors if t.name in _CONFIG_TENSORS}
+        if factors:
+            if len(factors) != 2 or not original:
+                raise ValueError(
+                    f"{self.path} has {sorted(factors)} but LongRoPE needs both rope_factors_long and "
+                    "rope_factors_short and phi3.rope.scaling.original_context_length; the file is incomplete"
+                )
+            out["rope_scaling"] = {
+                "rope_type": "longrope",
+                "long_factor": factors["rope_factors_long.weight"],
+                "short_factor": factors["rope_factors_short.weight"],
+                "original_max_position_embeddings": int(original),
+            }
+        return out
+
     def tensor_types(self) -> dict[str, int]:
         """Hugging Face tensor name -> its GGUF quantization type (no data is read)."""
-        return {hf_tensor_name(t.name): int(t.tensor_type) for t in self.reader.tensors}
+        return {
+            hf_tensor_name(t.name, self.arch): int(t.tensor_type)
+            for t in self.reader.tensors
+            if t.name not in _CONFIG_TENSORS
+        }
 
     def tensors(
         self, dtype: torch.dtype = torch.float32, keep_qtypes: Iterable[int] = ()
@@ -192,7 +245,9 @@ class GGUFCheckpoint:
         n_head = int(self._field(f"{self.arch}.attention.head_count"))
         n_kv_head = int(self._field(f"{self.arch}.attention.head_count_kv", n_head))
         for tensor in self.reader.tensors:
-            name = hf_tensor_name(tensor.name)
+            if tensor.name in _CONFIG_TENSORS:
+                continue  # read into the config by hf_config()
+            name = hf_tensor_name(tensor.name, self.arch)
             permute = self.arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight"))
             heads = n_head if "q_proj" in name else n_kv_head
             qtype = int(tensor.tensor_type)

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
+ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
 
 
 class RMSNorm(nn.Module):
@@ -100,7 +100,7 @@ def rope_parameters_from_config(config: Any) -> dict[str, Any]:
         params["rope_theta"] = getattr(config, "rope_theta", None) or 10000.0
     if params.get("partial_rotary_factor") is None and getattr(config, "partial_rotary_factor", None):
         params["partial_rotary_factor"] = config.partial_rotary_factor
-    if params["rope_type"] in ("llama3", "yarn") and not params.get("original_max_position_embeddings"):
+    if params["rope_type"] in ("llama3", "yarn", "longrope") and not params.get("original_max_position_embeddings"):
         params["original_max_position_embeddings"] = getattr(
             config, "original_max_position_embeddings", None
         ) or config.max_position_embeddings
@@ -163,6 +163,33 @@ def _yarn_inv_freq(
     return inv_freq, float(attention_factor)
 
 
+def _longrope_inv_freq(
+    params: dict[str, Any], dim: int, max_position_embeddings: int, context_len: int | None
+) -> tuple[torch.Tensor, float]:
+    """LongRoPE (Phi-3 / Phi-4-mini): per-frequency divisors, ``short_factor`` or
+    ``long_factor``, and a cos/sin scale of ``sqrt(1 + log(factor) / log(original))``.
+
+    The factor set is fixed for the whole table: ``long_factor`` when ``context_len`` (the longest
+    sequence the engine runs; default ``max_position_embeddings``) exceeds
+    ``original_max_position_embeddings``, else ``short_factor``. See :class:`RotaryEmbedding`.
+    """
+    original = int(params["original_max_position_embeddings"])
+    factor = params.get("factor") or max_position_embeddings / original
+    attention_factor = params.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    use_long = (context_len or max_position_embeddings) > original
+    key = "long_factor" if use_long else "short_factor"
+    ext = params.get(key)
+    if ext is None or len(ext) != dim // 2:
+        raise ValueError(
+            f"rope_scaling {key}={ext!r} must be a list of rotary_dim/2 = {dim // 2} numbers for longrope; "
+            "fix the checkpoint's config.json"
+        )
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+    return 1.0 / (torch.tensor(ext, dtype=torch.float32) * params["rope_theta"] ** exponents), float(attention_factor)
+
+
 class RotaryEmbedding(nn.Module):
     """Rotary position embedding (rotate-half / NeoX layout, as Hugging Face Llama uses) with a
     precomputed cos/sin table indexed by token position.
@@ -170,11 +197,20 @@ class RotaryEmbedding(nn.Module):
     The table covers ``max_positions`` positions; :meth:`cos_sin` is one gather per forward,
     shared by every layer, so nothing depends on the batch layout (flattened tokens of many
     sequences at arbitrary positions work). Supported ``rope_type``: default, linear, dynamic
-    (NTK), llama3, yarn.
+    (NTK), llama3, yarn, longrope. ``partial_rotary_factor`` rotates only the first
+    ``rotary_dim = head_dim * factor`` dims of each head.
 
     ``dynamic`` is position-wise here: positions below ``max_position_embeddings`` use the
     unscaled frequencies (what Hugging Face uses while a sequence fits), positions beyond use
     the frequencies Hugging Face would use for a sequence of ``max_positions`` tokens.
+
+    ``longrope`` is static per engine: transformers picks ``short_factor`` or ``long_factor`` per
+    forward from the longest position in it (and recomputes the whole KV cache when a generation
+    crosses ``original_max_position_embeddings``), which a paged, prefix-cached KV cache cannot
+    do. Here ``context_len`` (the engine's max_model_len) decides once: long factors when it
+    exceeds ``original_max_position_embeddings``, else short ones (llama.cpp's rule). Outputs
+    equal transformers' whenever transformers would use the same set: every sequence when
+    ``context_len`` is within the original length, sequences longer than it otherwise.
     """
 
     def __init__(
@@ -183,6 +219,7 @@ class RotaryEmbedding(nn.Module):
         rope_params: dict[str, Any],
         max_position_embeddings: int,
         dtype: torch.dtype = torch.float32,
+        context_len: int | None = None,
     ) -> None:
         super().__init__()
         rope_type = rope_params.get("rope_type", "default")
@@ -210,6 +247,8 @@ class RotaryEmbedding(nn.Module):
             max_positions = max(
                 max_position_embeddings, int(rope_params["original_max_position_embeddings"] * factor)
             )
+        elif rope_type == "longrope":
+            inv_freq, attention_factor = _longrope_inv_freq(rope_params, dim, max_position_embeddings, context_len)
         else:  # dynamic NTK
             inv_freq = _base_inv_freq(base, dim)
             max_positions = int(max_position_embeddings * factor)

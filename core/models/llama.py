@@ -79,9 +79,18 @@ def _sliding_window(config: Any, layer_idx: int) -> int | None:
     return window if layer_types[layer_idx] == "sliding_attention" else None
 
 
+def every_layer_window(config: Any, layer_idx: int) -> int | None:
+    """``config.sliding_window`` for every layer when set (Mistral, Phi-3), else ``None``."""
+    window = getattr(config, "sliding_window", None)
+    return int(window) if window else None
+
+
 class DecoderAttention(nn.Module):
     """Self-attention of one decoder layer: fused qkv projection, optional per-head q/k RMSNorm
-    (Qwen3), RoPE, the paged :class:`Attention`, output projection."""
+    (Qwen3), RoPE, the paged :class:`Attention`, output projection.
+
+    ``window_of(config, layer_idx)`` gives the layer's sliding window (``None``: full attention);
+    the default reads ``config.layer_types``."""
 
     def __init__(
         self,
@@ -94,6 +103,7 @@ class DecoderAttention(nn.Module):
         qk_norm: bool,
         quant: Any = None,
         shard: ModelShard | None = None,
+        window_of: Callable[[Any, int], int | None] = _sliding_window,
     ) -> None:
         super().__init__()
         shard = shard or ModelShard()
@@ -127,7 +137,7 @@ class DecoderAttention(nn.Module):
             scale=self.head_dim**-0.5,
             layer_idx=layer_idx,
             backend=attn_backend,
-            sliding_window=_sliding_window(config, layer_idx),
+            sliding_window=window_of(config, layer_idx),
         )
 
     def shard_slice(self, shard: str) -> slice:
@@ -194,7 +204,7 @@ class DecoderLayer(nn.Module):
         attn_backend: type | None,
         quant: Any = None,
         shard: ModelShard | None = None,
-        **attn_kw: bool,
+        **attn_kw: Any,
     ) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
@@ -220,7 +230,8 @@ class DecoderModel(nn.Module):
 
     On a pipeline stage only layers ``[start_layer, end_layer)`` are built (the others are
     :class:`MissingLayer`), the embedding only on the first stage (else ``embed_tokens`` is
-    ``None``) and the final norm only on the last (else ``norm`` is ``None``)."""
+    ``None``) and the final norm only on the last (else ``norm`` is ``None``). ``context_len``
+    (the engine's max_model_len) goes to the rotary embedding, which LongRoPE reads."""
 
     def __init__(
         self,
@@ -229,7 +240,8 @@ class DecoderModel(nn.Module):
         attn_backend: type | None,
         quant: Any = None,
         shard: ModelShard | None = None,
-        **attn_kw: bool,
+        context_len: int | None = None,
+        **attn_kw: Any,
     ) -> None:
         super().__init__()
         shard = shard or ModelShard()
@@ -253,7 +265,8 @@ class DecoderModel(nn.Module):
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype) if self.is_last_stage else None
         self.rotary_emb = RotaryEmbedding(
-            _head_dim(config), rope_parameters_from_config(config), config.max_position_embeddings, dtype
+            _head_dim(config), rope_parameters_from_config(config), config.max_position_embeddings, dtype,
+            context_len=context_len,
         )
         # a platform may install decode_kernel(input_ids, positions, embeddings) running the
         # whole layer stack (final norm included) in one call; it returns None for a batch it
@@ -288,8 +301,11 @@ class DecoderModel(nn.Module):
 class LlamaForCausalLM(ModelForCausalLM):
     """Llama architecture (also SmolLM2, TinyLlama, Mistral-shaped checkpoints).
 
-    Built as ``LlamaForCausalLM(hf_config, dtype, attn_backend, quant_plan=None, shard=None)``.
-    Subclasses change the bias and q/k-norm switches only.
+    Built as ``LlamaForCausalLM(hf_config, dtype, attn_backend, quant_plan=None, shard=None,
+    max_model_len=None)``; ``max_model_len`` is the longest sequence the engine runs (the loader
+    passes it; the rotary embedding's LongRoPE factor choice reads it, default the config's
+    ``max_position_embeddings``). Subclasses change the bias and q/k-norm switches and
+    :meth:`layer_sliding_window`.
 
     For the model runner: ``start_layer`` / ``end_layer`` (the global layer indices this stage
     holds), ``is_first_stage`` / ``is_last_stage``, ``kv_heads_per_rank`` (the KV heads each
@@ -312,6 +328,12 @@ class LlamaForCausalLM(ModelForCausalLM):
 
     qk_norm = False
 
+    @staticmethod
+    def layer_sliding_window(config: Any, layer_idx: int) -> int | None:
+        """The sliding window of layer ``layer_idx`` (``None``: full attention): the config's
+        ``sliding_window`` on the layers ``config.layer_types`` marks ``sliding_attention``."""
+        return _sliding_window(config, layer_idx)
+
     def __init__(
         self,
         hf_config: Any,
@@ -319,6 +341,7 @@ class LlamaForCausalLM(ModelForCausalLM):
         attn_backend: type | None = None,
         quant_plan: Any = None,
         shard: ModelShard | None = None,
+        max_model_len: int | None = None,
     ) -> None:
         super().__init__()
         self.config = hf_config
@@ -336,9 +359,11 @@ class LlamaForCausalLM(ModelForCausalLM):
             attn_backend,
             quant_plan,
             shard,
+            context_len=max_model_len,
             qkv_bias=self.qkv_bias(hf_config),
             o_bias=self.o_bias(hf_config),
             qk_norm=self.qk_norm,
+            window_of=self.layer_sliding_window,
         )
         self.start_layer, self.end_layer = self.model.start_layer, self.model.end_layer
         self.is_first_stage, self.is_last_stage = shard.is_first_stage, shard.is_last_stage

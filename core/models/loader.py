@@ -159,6 +159,7 @@ def load_model(
 
     With ``parallel_config`` of more than one rank the model is built for this worker's place
     (``shard``: its tensor-parallel part and pipeline stage, ``--pp-layer-partition`` included).
+    A model class taking ``max_model_len`` gets ``model_config.max_model_len`` when it is set.
 
     Returns ``(model, hf_config)``; the model is in eval mode with gradients off. Also fills
     ``model_config.hf_config``, ``.architecture`` and ``.resolved_path``; a config already there
@@ -196,6 +197,8 @@ def load_model(
 
         bound = quant_plan.bind(registered_methods())
     extra = _shard_kwargs(model_cls, parallel_config)
+    if model_config.max_model_len and _accepts(model_cls, "max_model_len"):
+        extra["max_model_len"] = model_config.max_model_len  # LongRoPE's factor choice reads it
     with torch.device(device):
         model = model_cls(hf_config, dtype, attn_backend, **extra) if bound is None else _build_quantized(model_cls, hf_config, dtype, attn_backend, bound, **extra)
     with torch.no_grad():
@@ -225,13 +228,18 @@ def load_model(
     return model, hf_config
 
 
+def _accepts(model_cls: type, keyword: str) -> bool:
+    """Whether ``model_cls(...)`` takes ``keyword``."""
+    import inspect
+
+    return keyword in inspect.signature(model_cls.__init__).parameters
+
+
 def _shard_kwargs(model_cls: type, parallel_config: Any) -> dict[str, Any]:
     """``{"shard": ModelShard}`` for a model built on one rank of several, else nothing."""
     if parallel_config is None or parallel_config.world_size == 1:
         return {}
-    import inspect
-
-    if "shard" not in inspect.signature(model_cls.__init__).parameters:
+    if not _accepts(model_cls, "shard"):
         raise ValueError(
             f"model class {model_cls.__name__} takes no shard, so it cannot run with -tp/-pp above 1; "
             "use -tp 1 -pp 1, or give it a shard keyword and tensor-parallel layers as LlamaForCausalLM has"

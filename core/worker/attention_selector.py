@@ -14,9 +14,23 @@ from host.interfaces.attention import AttentionBackend, AttentionRequirements
 logger = logging.getLogger("host.attention")
 
 
+def config_sliding_window(hf_config: Any) -> int | None:
+    """The sliding window some layer of this model uses, else ``None``: ``sliding_window`` unless
+    ``use_sliding_window`` is false or ``layer_types`` marks no layer ``sliding_attention``
+    (Mistral and Phi-3 configs set only ``sliding_window``, Qwen2 ``use_sliding_window`` too,
+    Ministral and Gemma-style configs ``layer_types``)."""
+    window = getattr(hf_config, "sliding_window", None)
+    if not window or getattr(hf_config, "use_sliding_window", True) is False:
+        return None
+    layer_types = getattr(hf_config, "layer_types", None)
+    if layer_types and "sliding_attention" not in layer_types:
+        return None
+    return int(window)
+
+
 def attention_requirements(config: EngineConfig, platform: Any, hf_config: Any, dtype: torch.dtype) -> AttentionRequirements:
     head_size = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
-    window = getattr(hf_config, "sliding_window", None) if getattr(hf_config, "use_sliding_window", False) else None
+    window = config_sliding_window(hf_config)
     return AttentionRequirements(
         device_type=platform.device_type,
         dtype=str(dtype).replace("torch.", ""),

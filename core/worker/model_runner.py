@@ -193,14 +193,14 @@ class ModelRunner:
         return head_size_of(self.hf_config)
 
     def get_kv_cache_specs(self) -> list[Any]:
-        """One spec per attention layer of this worker's stage (all full attention for the
-        supported models)."""
+        """One spec per attention layer of this worker's stage: a ``SlidingWindowSpec`` for a
+        layer whose :class:`Attention` has a ``sliding_window``, else a ``FullAttentionSpec``."""
         from host.core.kv_cache.spec import FullAttentionSpec, SlidingWindowSpec
 
-        window = getattr(self.hf_config, "sliding_window", None) if getattr(self.hf_config, "use_sliding_window", False) else None
         kv_dtype = str(self.kv_cache_dtype).removeprefix("torch.")
         specs = []
-        for _ in self.kv_layers:
+        for idx in self.kv_layers:
+            window = getattr(self._attention_layers.get(idx), "sliding_window", None)
             if window:
                 specs.append(SlidingWindowSpec(self.block_size, self.num_kv_heads, self.head_size, kv_dtype, sliding_window=int(window)))
             else:

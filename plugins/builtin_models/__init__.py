@@ -14,6 +14,9 @@ ARCHITECTURES = {
     "LlamaForCausalLM": "host.core.models.llama:LlamaForCausalLM",
     "Qwen2ForCausalLM": "host.core.models.llama:Qwen2ForCausalLM",
     "Qwen3ForCausalLM": "host.core.models.llama:Qwen3ForCausalLM",
+    "MistralForCausalLM": "host.core.models.mistral:MistralForCausalLM",
+    "MinistralForCausalLM": "host.core.models.mistral:MinistralForCausalLM",
+    "Phi3ForCausalLM": "host.core.models.phi3:Phi3ForCausalLM",
     "BertModel": "host.core.models.bert:BertModel",  # an encoder: --runner pooling (docs/pooling.md)
 }
 

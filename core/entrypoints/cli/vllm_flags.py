@@ -61,7 +61,7 @@ VLLM_FLAGS: tuple[VllmFlag, ...] = (
     VllmFlag("--disable-custom-all-reduce", "host picks its shared-memory all-reduce per call and falls back to torch.distributed by itself"),
     VllmFlag("--enable-request-id-headers", "host's responses carry no X-Request-Id header"),
     VllmFlag("--use-v2-block-manager", "host has one block manager, the paged one (the flag is gone from vLLM too)"),
-    VllmFlag("--disable-sliding-window", "host's built-in architectures use full attention"),
+    VllmFlag("--disable-sliding-window", "a model whose config names a sliding window (Mistral, Phi-3, Qwen2, Ministral) always attends over it, as transformers does"),
     VllmFlag("--enable-sleep-mode", "host has no sleep/wake endpoints"),
     VllmFlag("--enforce-eager-prefill", "host's prefill never runs in device graphs"),
     VllmFlag("--return-tokens-as-token-ids", "set return_tokens_as_token_ids on the request instead"),
