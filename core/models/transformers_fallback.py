@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import copy
 import re
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 from torch import nn
@@ -184,22 +184,29 @@ class TransformersForCausalLM(nn.Module):
     # -- weights ---------------------------------------------------------------------------------
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """Copy the checkpoint's tensors (the transformers class's names; a base-model-only
-        checkpoint without the ``model.`` prefix, or one with it where the class has none, is
-        matched too) into the model; returns the parameter names filled. GGUF block tensors are
-        dequantized. Unknown names, shape mismatches and parameters left unfilled are
-        ``ValueError`` s (tied weights are filled by either name)."""
+        """Copy the checkpoint's tensors into the model; returns the parameter names filled.
+
+        Names are matched as transformers' own loading renames them (its checkpoint conversion
+        mapping's renamings, e.g. GPT-NeoX's ``embed_out`` -> ``lm_head``, and the base model's
+        prefix added or dropped); a tensor that needs a converting transform (experts fused into
+        one tensor, say) is refused. GGUF block tensors are dequantized. Unknown names, shape
+        mismatches and parameters left unfilled are ``ValueError`` s (tied weights are filled by
+        either name)."""
         model = self.hf_model
         params = dict(model.named_parameters(remove_duplicate=False))
         state = set(model.state_dict())
         targets: dict[str, torch.Tensor] = dict(params)
         targets.update({n: b for n, b in model.named_buffers(remove_duplicate=False) if n in state})
-        prefix = model.base_model_prefix + "."
+        rename = _checkpoint_renamer(model, targets)
         ignore = [re.compile(p) for p in (getattr(model, "_keys_to_ignore_on_load_unexpected", None) or [])]
         filled: set[int] = set()
         unknown: list[str] = []
+        converted: list[str] = []
         for name, tensor in weights:
-            target = name if name in targets else prefix + name if prefix + name in targets else name.removeprefix(prefix)
+            target, needs_converter = rename(name)
+            if needs_converter:
+                converted.append(name)
+                continue
             if target not in targets:
                 if not (_IGNORED.search(name) or any(p.search(name) for p in ignore)):
                     unknown.append(name)
@@ -210,11 +217,15 @@ class TransformersForCausalLM(nn.Module):
             copy_into(dest, None, tensor, label=f"checkpoint tensor {name!r}", target=f"{self.architecture}'s {target}",
                       fix="the weights do not match config.json")
             filled.add(id(dest))
+        if converted:
+            raise ValueError(
+                f"checkpoint tensor(s) {', '.join(converted[:6])} ({len(converted)} in all) need a weight conversion "
+                f"(transformers' conversion mapping for {self.architecture}) that --model-impl transformers does not apply"
+            )
         if unknown:
             raise ValueError(
                 f"checkpoint tensor(s) {', '.join(unknown[:6])} ({len(unknown)} in all) have no parameter in transformers' "
-                f"{self.architecture}; the checkpoint needs a weight conversion --model-impl transformers does not "
-                "apply (or config.json names the wrong architecture)"
+                f"{self.architecture}; does config.json name the right architecture for these weights?"
             )
         missing = sorted(n for n, p in params.items() if id(p) not in filled)
         if missing:
@@ -223,3 +234,23 @@ class TransformersForCausalLM(nn.Module):
                 f"e.g. {', '.join(missing[:6])}; is the checkpoint complete and does it match config.json?"
             )
         return {n for n, p in params.items() if id(p) in filled}
+
+
+def _checkpoint_renamer(model: nn.Module, targets: dict[str, torch.Tensor]) -> Callable[[str], tuple[str, bool]]:
+    """``name -> (the model's name for it, whether it needs a converting transform)``, following
+    transformers' conversion mapping for ``model`` (renamings only) and its base-model prefix."""
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
+
+    transforms = get_model_conversion_mapping(model)
+    renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
+    converters = [t for t in transforms if isinstance(t, WeightConverter)]
+    prefix = model.base_model_prefix
+
+    def rename(name: str) -> tuple[str, bool]:
+        if name in targets:
+            return name, False
+        target, pattern = rename_source_key(name, renamings, converters, prefix, targets)
+        return target, pattern is not None and target not in targets
+
+    return rename
