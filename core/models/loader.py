@@ -28,8 +28,8 @@ from torch import nn
 from host.core.config import LoadConfig, ModelConfig
 from host.core.models.default_model import resolve_model_path
 from host.core.models.gguf_file import BLOCK_CACHE, GGUF_ARCHITECTURES, GGUFCheckpoint, block_cache_for, iter_block_cache
-from host.core.models.quant_linear import quantized_layers, weight_bytes
 from host.core.models.model_impl import choose_model_class
+from host.core.models.quant_linear import quantized_layers, weight_bytes
 
 logger = logging.getLogger("host.models")
 

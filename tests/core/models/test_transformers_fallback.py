@@ -147,6 +147,16 @@ def test_what_the_fallback_cannot_run_is_refused_at_start_up(checkpoints, kwargs
         config_of(checkpoints["Olmo2"], **kwargs)
 
 
-def test_quantization_is_refused_with_the_fix(checkpoints):
+def test_a_gguf_runs_dequantized_and_its_blocks_are_refused(tmp_path):
+    """A Llama GGUF through the fallback with --quantization none (dequantized by host's GGUF
+    reader) against transformers' own GGUF loading; kept blocks (the default) are refused."""
+    from tiny_gguf import write_tiny_gguf
+
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", 8)  # Q8_0 blocks
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name, dtype=torch.float32).eval()
+    llm = LLM(str(path), skip_tokenizer_init=True, max_model_len=64, model_impl="transformers", quantization="none")
+    prompts = prompts_of([7, 2], seed=3)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(max_tokens=MAX_NEW, temperature=0.0, ignore_eos=True))
+    assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(hf, p, MAX_NEW) for p in prompts]
     with pytest.raises(ValueError, match=r"--model-impl transformers runs unquantized weights.*--quantization none"):
-        LLM(checkpoints["Olmo2"], skip_tokenizer_init=True, max_model_len=64, quantization="int8")
+        LLM(str(path), skip_tokenizer_init=True, max_model_len=64, model_impl="transformers")
