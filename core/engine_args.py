@@ -294,12 +294,12 @@ class EngineArgs:
                 enforce_eager=self.enforce_eager,
             ),
         )
+        check_model_impl(config)  # the implementation, and what the fallback refuses
         if config.speculative is not None:
             from host.core.spec_decode.scheduler import check_speculative_support
 
             check_speculative_support(config, async_explicit=self.async_scheduling is not None)
         check_pooling_support(config)
-        check_model_impl(config)
         if config.lora is not None:
             from host.core.lora.engine import check_lora_support
 

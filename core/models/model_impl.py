@@ -10,7 +10,7 @@
 
 :func:`choose_model_class` makes the choice (the loader calls it in every worker);
 :func:`check_model_impl` makes it once at start-up, stores it as ``model_config.model_impl_used``
-and refuses what the fallback cannot run (several ranks, LoRA, pooling).
+and refuses what the fallback cannot run (several ranks, LoRA, an EAGLE head, pooling).
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def choose_model_class(architecture: str, model_impl: str, hf_config: Any = None
 def check_model_impl(config: Any) -> str:
     """Choose the implementation for an engine config at start-up (before workers start): store
     it as ``config.model.model_impl_used``, log it, and refuse the transformers fallback with
-    several ranks, LoRA or a pooling runner. Returns the implementation name."""
+    several ranks, LoRA, an EAGLE head or a pooling runner. Returns the implementation name."""
     model = config.model
     _, impl, reason = choose_model_class(model.architecture, model.model_impl, model.hf_config)
     model.model_impl_used = impl
@@ -98,6 +98,12 @@ def check_model_impl(config: Any) -> str:
         )
     if getattr(config, "lora", None) is not None:
         raise ValueError("--model-impl transformers cannot serve LoRA adapters; drop --enable-lora or use a natively supported architecture")
+    speculative = getattr(config, "speculative", None)
+    if speculative is not None and speculative.method == "eagle":
+        raise ValueError(
+            "--model-impl transformers cannot drive an EAGLE head (it reads a native model's embedding and norm); "
+            'use --speculative-config \'{"method": "ngram", ...}\' or a natively supported architecture'
+        )
     if model.runner == "pooling":
         raise ValueError(
             f"--model-impl transformers generates text only; {model.architecture} cannot run with --runner pooling "

@@ -141,6 +141,8 @@ def test_an_architecture_neither_has_is_a_clear_error(tmp_path, tiny_checkpoint)
     (dict(tensor_parallel_size=2), r"--model-impl transformers runs with -tp 1 -pp 1"),
     (dict(enable_lora=True), r"--model-impl transformers cannot serve LoRA"),
     (dict(runner="pooling", convert="embed"), r"--model-impl transformers generates text only"),
+    (dict(speculative_config={"method": "eagle", "model": "/nonexistent", "num_speculative_tokens": 2}),
+     r"--model-impl transformers cannot drive an EAGLE head"),
 ])
 def test_what_the_fallback_cannot_run_is_refused_at_start_up(checkpoints, kwargs, message):
     with pytest.raises(ValueError, match=message):
