@@ -79,9 +79,6 @@ def sampled_logprob_diff(hf: Any, prompt: list[int], completion: Any) -> float:
     return max(diffs)
 
 
-FIGURES: dict[str, float] = {}
-
-
 @pytest.mark.parametrize("arch", list(ARCHS))
 def test_greedy_tokens_and_logprobs_match_transformers(checkpoints, arch):
     path = checkpoints[arch]
@@ -103,20 +100,50 @@ def test_greedy_tokens_and_logprobs_match_transformers(checkpoints, arch):
             worst = max(worst, sampled_logprob_diff(hf, p, out.outputs[0]))
         if batch is second:
             assert [o.num_cached_tokens for o in outs] == [24, 24]
-    FIGURES[arch] = worst
     print(f"{arch}: greedy tokens equal; max |logprob diff| {worst:.2e}")
     assert worst < 1e-4
+
+
+def test_outside_the_engine_the_dense_path_matches_and_no_mask_is_built(checkpoints):
+    """Loaded through host's loader and run without a forward context (the attention layers'
+    dense causal path), Gemma 2's logits equal transformers' over one sequence longer than its
+    window; transformers builds no causal or sliding-window mask for host_paged."""
+    from transformers import masking_utils
+
+    from host.core.config import LoadConfig, ModelConfig
+    from host.core.models.loader import load_model
+
+    path = checkpoints["Gemma2"]
+    model_config = ModelConfig(model=path, dtype="float32", model_impl="transformers")
+    model, _ = load_model(model_config, LoadConfig(), None)
+    assert model_config.model_impl_used == "transformers"
+    assert model.sliding_windows == {0: 8, 1: None}  # layer_types: sliding, full
+    ids = torch.tensor(prompts_of([20], seed=9)[0])
+    with torch.inference_mode():
+        got = model.compute_logits(model(ids, torch.arange(len(ids))))
+        want = hf_model(path)(ids[None]).logits[0]
+    assert (got - want).abs().max() < 1e-4
+    embeds = torch.zeros(1, len(ids), 64)
+    for make in (masking_utils.create_causal_mask, masking_utils.create_sliding_window_causal_mask):
+        assert make(model.hf_model.config, embeds, None, None, position_ids=torch.arange(len(ids))[None]) is None
 
 
 def config_of(path: str, **kwargs: Any) -> Any:
     return EngineArgs(model=path, skip_tokenizer_init=True, max_model_len=64, **kwargs).create_engine_config()
 
 
-def test_auto_picks_native_else_transformers(checkpoints, tiny_checkpoint):
+def test_auto_picks_native_else_transformers_and_says_so(checkpoints, tiny_checkpoint, caplog):
     llama = str(tiny_checkpoint("llama", weights=False))
-    assert config_of(llama).model.model_impl_used == "host"
-    assert config_of(llama, model_impl="transformers").model.model_impl_used == "transformers"
-    assert config_of(checkpoints["Olmo2"]).model.model_impl_used == "transformers"
+    with caplog.at_level("INFO", logger="host.models"):
+        assert config_of(llama).model.model_impl_used == "host"
+        assert config_of(llama, model_impl="transformers").model.model_impl_used == "transformers"
+        assert config_of(checkpoints["Olmo2"]).model.model_impl_used == "transformers"
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("model implementation")]
+    assert lines == [
+        "model implementation: host (native implementation of LlamaForCausalLM)",
+        "model implementation: transformers (asked for with --model-impl transformers)",
+        "model implementation: transformers (no native implementation of Olmo2ForCausalLM)",
+    ]
 
 
 def test_model_impl_host_refuses_an_architecture_without_native_code(checkpoints):
