@@ -25,6 +25,7 @@ transformers class's own (no weight conversion is applied).
 from __future__ import annotations
 
 import copy
+import inspect
 import re
 from typing import Any, Callable, Iterable
 
@@ -53,6 +54,15 @@ def transformers_causal_lm_class(architecture: str) -> type | None:
     return getattr(transformers, architecture, None)
 
 
+def _architecture_of(hf_config: Any) -> str | None:
+    """The first of the config's ``architectures``, else the causal LM class transformers maps
+    its ``model_type`` to."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    architectures = getattr(hf_config, "architectures", None) or []
+    return architectures[0] if architectures else MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(getattr(hf_config, "model_type", None))
+
+
 class _HiddenAsBaseOutput(nn.Module):
     """Stands in for the base model while :meth:`TransformersForCausalLM.compute_logits` runs the
     transformers head: returns the given ``inputs_embeds`` as the last hidden state."""
@@ -67,7 +77,7 @@ class TransformersForCausalLM(nn.Module):
     """A transformers ``*ForCausalLM`` as a host model class.
 
     Built as ``TransformersForCausalLM(hf_config, dtype, attn_backend)`` (the class is the one
-    ``hf_config.architectures[0]`` names); ``forward(input_ids, positions)`` over flattened
+    ``hf_config.architectures[0]`` names, else the one its ``model_type`` maps to); ``forward(input_ids, positions)`` over flattened
     tokens returns the final hidden states [num_tokens, hidden]; ``compute_logits(hidden)``
     float32 logits of those rows; ``load_weights`` takes the checkpoint's (name, tensor) pairs
     under the transformers class's own names. ``kv_heads_per_rank`` is the KV heads each layer
@@ -82,7 +92,7 @@ class TransformersForCausalLM(nn.Module):
         quant_plan: Any = None,
     ) -> None:
         super().__init__()
-        architecture = (getattr(hf_config, "architectures", None) or [None])[0]
+        architecture = _architecture_of(hf_config)
         if quant_plan is not None:
             raise ValueError(
                 f"--model-impl transformers runs unquantized weights, but {architecture} was asked to be quantized "
@@ -109,8 +119,6 @@ class TransformersForCausalLM(nn.Module):
             model.tie_weights()
         self.hf_model = model.eval()
         self._hidden_stand_in = _HiddenAsBaseOutput()
-        import inspect
-
         self._keeps_logits_arg = "logits_to_keep" in inspect.signature(model.forward).parameters
         self._attach_attention(attn_backend)
 
@@ -122,7 +130,7 @@ class TransformersForCausalLM(nn.Module):
         with torch.no_grad():
             for tensor in self.hf_model.parameters():
                 tensor.zero_()
-            ids = torch.zeros(1, 1, dtype=torch.long)
+            ids = torch.zeros(1, 1, dtype=torch.long, device=next(self.hf_model.parameters()).device)
             with probe_attention_calls() as calls:
                 self.hf_model.base_model(input_ids=ids, position_ids=ids, use_cache=False)
         num_layers = int(self.config.num_hidden_layers)
