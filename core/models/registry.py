@@ -22,16 +22,11 @@ def supported_architectures() -> dict[str, Any]:
 
 
 def transformers_architectures() -> list[str]:
-    """The decoder-only ``*ForCausalLM`` architectures the installed transformers builds: what the
-    transformers fallback (``--model-impl transformers``) can serve, sorted."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    """The causal LM architectures the installed transformers maps, sorted: what the transformers
+    fallback (``--model-impl transformers``) can serve."""
+    from host.core.models.transformers_fallback import transformers_causal_lm_names
 
-    names = set()
-    for value in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values():
-        for name in (value,) if isinstance(value, str) else value:
-            if name.endswith("ForCausalLM"):
-                names.add(name)
-    return sorted(names)
+    return sorted(transformers_causal_lm_names())
 
 
 def architecture_rows() -> list[dict[str, str]]:

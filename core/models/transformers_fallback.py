@@ -40,16 +40,24 @@ from host.core.models.weight_fill import copy_into
 _IGNORED = re.compile(r"(^|\.)rotary_emb\.inv_freq$|(^|\.)attn\.masked_bias$|(^|\.)attn\.bias$")
 
 
-def transformers_causal_lm_class(architecture: str) -> type | None:
-    """The installed transformers' class named ``architecture`` when it is a text causal LM it
-    maps (``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``; multimodal ``*ForConditionalGeneration`` entries
-    aside), else ``None``."""
-    import transformers
+def transformers_causal_lm_names() -> set[str]:
+    """The text causal LM class names the installed transformers maps
+    (``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``; multimodal ``*ForConditionalGeneration`` entries
+    aside): what the fallback can be asked for. Names only: nothing is imported."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    if architecture.endswith("ForConditionalGeneration"):
-        return None
-    if architecture not in set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()):
+    names = set()
+    for value in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values():
+        names.update((value,) if isinstance(value, str) else value)
+    return {n for n in names if not n.endswith("ForConditionalGeneration")}
+
+
+def transformers_causal_lm_class(architecture: str) -> type | None:
+    """The installed transformers' class named ``architecture`` when it is one of
+    :func:`transformers_causal_lm_names`, else ``None``."""
+    import transformers
+
+    if architecture not in transformers_causal_lm_names():
         return None
     return getattr(transformers, architecture, None)
 
