@@ -67,12 +67,18 @@ def make_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
 
 
 def section_host(name: str, s: dict) -> dict:
+    return {"config": HOST_CONFIGS[name], **measure_host(HOST_CONFIGS[name], s)}
+
+
+def measure_host(llm_kwargs: dict, s: dict) -> dict:
+    """host's prompt processing, batch-1 decode and batch throughput for ``LLM(**llm_kwargs)``
+    (the default model when ``llm_kwargs`` names none) on the workload ``s`` describes."""
     import torch
 
     from host import LLM, SamplingParams
 
     t0 = time.perf_counter()
-    llm = LLM(max_num_seqs=max(s["num_prompts"], 1), max_num_batched_tokens=max(2048, s["pp"]), **HOST_CONFIGS[name])
+    llm = LLM(max_num_seqs=max(s["num_prompts"], 1), max_num_batched_tokens=max(2048, s["pp"]), **llm_kwargs)
     load_s = time.perf_counter() - t0
     vocab = llm.get_tokenizer().vocab_size if llm.tokenizer is not None else 32000
     greedy = dict(temperature=0.0, ignore_eos=True)
@@ -114,8 +120,8 @@ def section_host(name: str, s: dict) -> dict:
     except Exception as exc:  # the benchmark still reports its figures
         isa = f"unknown ({exc})"
     result = {
-        "config": HOST_CONFIGS[name],
         "model_path": llm.config.model.resolved_path,
+        "model_impl": getattr(llm.config.model, "model_impl_used", None),
         "load_s": load_s,
         "pp_tok_s": s["pp"] / pp_s,
         "batch1_decode_tok_s": max(b1),
@@ -135,12 +141,18 @@ def section_host(name: str, s: dict) -> dict:
 
 
 def section_hf(dtype: str, s: dict) -> dict:
+    from host.core.models.default_model import resolve_model_path
+
+    return measure_hf(resolve_model_path(None), dtype, s)  # the float32 safetensors dequantized from the same GGUF file
+
+
+def measure_hf(path: str, dtype: str, s: dict, batch1: bool = False) -> dict:
+    """transformers' batched ``generate`` throughput on the model directory ``path`` (and, with
+    ``batch1``, its batch-1 decode tok/s: ``tg`` tokens after a 32-token prompt, the time of one
+    token subtracted)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    from host.core.models.default_model import resolve_model_path
-
-    path = resolve_model_path(None)  # the float32 safetensors dequantized from the same GGUF file
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
     prompts = make_prompts(s["num_prompts"], s["prompt_len"], model.config.vocab_size, 0)
     pad = 0
@@ -160,8 +172,20 @@ def section_hf(dtype: str, s: dict) -> dict:
     t0 = time.perf_counter()
     total = sum(generate(prompts[i : i + s["hf_batch_size"]], s["output_len"]) for i in range(0, len(prompts), s["hf_batch_size"]))
     elapsed = time.perf_counter() - t0
-    return {"dtype": dtype, "throughput_tok_s": total / elapsed, "elapsed_s": elapsed, "output_tokens": total,
-            "batch_size": s["hf_batch_size"], "threads": torch.get_num_threads(), "model_path": path}
+    result = {"dtype": dtype, "throughput_tok_s": total / elapsed, "elapsed_s": elapsed, "output_tokens": total,
+              "batch_size": s["hf_batch_size"], "threads": torch.get_num_threads(), "model_path": path}
+    if batch1:
+        rates = []
+        for r in range(s["repeats"]):
+            prompt = make_prompts(1, 32, model.config.vocab_size, 200 + r)
+            t = time.perf_counter()
+            generate(prompt, 1)
+            first = time.perf_counter() - t
+            t = time.perf_counter()
+            generate(prompt, 1 + s["tg"])
+            rates.append(s["tg"] / max(time.perf_counter() - t - first, 1e-9))
+        result["batch1_decode_tok_s"] = max(rates)
+    return result
 
 
 # --- llama.cpp -------------------------------------------------------------------------------
@@ -261,8 +285,12 @@ def _avx512_runs() -> bool:
 def section_llama_cpp(s: dict) -> dict:
     from host.core.models.default_model import default_gguf_path
 
+    return measure_llama_cpp(default_gguf_path(), s)
+
+
+def measure_llama_cpp(gguf: str, s: dict) -> dict:
+    """``llama-bench`` pp and tg on ``gguf`` with each of ``s["llama_threads"]``; the best of each."""
     exe, build = build_llama_bench(s["build_timeout"])
-    gguf = default_gguf_path()
     runs = []
     for threads in s["llama_threads"]:
         cmd = [str(exe), "-m", gguf, "-p", str(s["pp"]), "-n", str(s["tg"]), "-t", str(threads), "-r", str(s["llama_reps"]), "-o", "json"]
@@ -303,11 +331,12 @@ def measure_bandwidth(nbytes: int = 512 * 2**20, repeats: int = 5) -> float:
     return nbytes / best
 
 
-def run_section(name: str, settings: dict, timeout: float) -> dict:
-    """One section in a child process under ``timeout`` seconds: its result, or ``{"error": ...}``."""
+def run_section(name: str, settings: dict, timeout: float, script: str = __file__) -> dict:
+    """One section of ``script`` (run as ``script --_section name``) in a child process under
+    ``timeout`` seconds: its result, or ``{"error": ...}``."""
     with tempfile.TemporaryDirectory(prefix="host_bench_q_") as tmp:
         out = Path(tmp) / "result.json"
-        cmd = [sys.executable, __file__, "--_section", name, "--_settings", json.dumps(settings), "--_out", str(out)]
+        cmd = [sys.executable, script, "--_section", name, "--_settings", json.dumps(settings), "--_out", str(out)]
         env = dict(os.environ)
         if settings.get("threads") and not name.startswith("llama.cpp"):
             env["OMP_NUM_THREADS"] = str(settings["threads"])  # torch's and host's C++ kernels' OpenMP pools
