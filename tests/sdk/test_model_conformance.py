@@ -32,3 +32,19 @@ class TestQwen3(ModelConformance):
 
     def config(self):
         return transformers.Qwen3Config(**SHAPE, head_dim=16)
+
+
+class TestMistral(ModelConformance):
+    architecture = "MistralForCausalLM"
+    tensor_parallel_size = 0
+
+    def config(self):
+        return transformers.MistralConfig(**SHAPE, sliding_window=16)  # the prompts (25-41 tokens) outrun it
+
+
+class TestPhi3(ModelConformance):
+    architecture = "Phi3ForCausalLM"
+    tensor_parallel_size = 0  # tests/core/models/test_phi3.py runs it under -tp 2
+
+    def config(self):
+        return transformers.Phi3Config(**SHAPE, partial_rotary_factor=0.75, pad_token_id=0)
