@@ -81,7 +81,8 @@ class EngineArgs:
         help="the one .gguf file to serve from an ORG/NAME repository or a local folder (as ORG/NAME:FILE.gguf)",
         default_text="none: safetensors",
     )
-    tokenizer: str | None = flag(help="tokenizer directory", default_text="the model's")
+    tokenizer: str | None = flag(help="tokenizer directory or Hugging Face Hub id ORG/NAME", default_text="the model's")
+    tokenizer_revision: str | None = flag(help="Hub revision of an ORG/NAME --tokenizer", default_text="main")
     skip_tokenizer_init: bool = flag(False, help="token ids in and out, no tokenizer", cli=False)
     dtype: str = flag(
         "auto", choices=DTYPES,
@@ -208,7 +209,7 @@ class EngineArgs:
 
     def create_engine_config(self) -> EngineConfig:
         """Resolve the model (path, config, dtype, context length) on the current platform."""
-        from host.core.models.default_model import resolve_model_path, served_name
+        from host.core.models.default_model import resolve_model_path, resolve_tokenizer_path, served_name
         from host.core.models.loader import get_model_architecture, load_hf_config, max_model_len, resolve_dtype
         from host.core.models.model_impl import check_model_impl
         from host.core.plugins.manager import get_plugin_host
@@ -242,7 +243,7 @@ class EngineArgs:
             )
         model_cfg = ModelConfig(
             model=path,
-            tokenizer=self.tokenizer or path,
+            tokenizer=resolve_tokenizer_path(self.tokenizer, self.tokenizer_revision, self.download_dir) if self.tokenizer else path,
             dtype=dtype,
             max_model_len=ctx_len,
             seed=self.seed,

@@ -238,6 +238,17 @@ def resolve_model_path(model: str | None, revision: str | None = None, download_
     )
 
 
+def resolve_tokenizer_path(tokenizer: str, revision: str | None = None, download_dir: str | None = None) -> str:
+    """The local path for a ``--tokenizer`` value: a folder or ``.gguf`` file as typed (checked
+    when loaded), or a Hub id ``ORG/NAME``'s snapshot with its tokenizer files only
+    (``--tokenizer-revision``), from the cache or downloaded."""
+    from host.core.models.hub import looks_like_hub_id, resolve_hub_id
+
+    if looks_like_hub_id(tokenizer.strip()) and ":" not in tokenizer:
+        return resolve_hub_id(tokenizer.strip(), revision=revision, cache_dir=download_dir, tokenizer_only=True)
+    return tokenizer
+
+
 def _with_gguf_file(model: str | None, gguf_file: str) -> str:
     """``--model`` joined with ``--gguf-file``: ``FOLDER/FILE.gguf`` for a local folder,
     ``ORG/NAME:FILE.gguf`` for a Hub id."""

@@ -15,6 +15,8 @@ SERVING_FILES = (
     "config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json",
     "tokenizer*", "special_tokens_map.json", "vocab*", "merges.txt", "*.model", "*.tiktoken", "chat_template*",
 )
+# what loading a tokenizer alone reads
+TOKENIZER_FILES = tuple(p for p in SERVING_FILES if "safetensors" not in p)
 _ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(:[^/:]+\.gguf)?$")
 
 
@@ -23,10 +25,12 @@ def looks_like_hub_id(model: str) -> bool:
     return bool(_ID.match(model)) and not os.path.exists(os.path.expanduser(model))
 
 
-def resolve_hub_id(model: str, revision: str | None = None, cache_dir: str | None = None) -> str:
+def resolve_hub_id(model: str, revision: str | None = None, cache_dir: str | None = None,
+                   tokenizer_only: bool = False) -> str:
     """The local path of Hub id ``model``: the snapshot folder (with ``config.json``), or the GGUF
     file of ``ORG/NAME:FILE.gguf``. From the local cache (``cache_dir``, else ``HF_HOME``'s) when it
-    is there, else downloaded into it."""
+    is there, else downloaded into it. ``tokenizer_only`` fetches the tokenizer and config files
+    only (``--tokenizer ORG/NAME``), never the weights."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
@@ -36,7 +40,7 @@ def resolve_hub_id(model: str, revision: str | None = None, cache_dir: str | Non
     )
 
     repo_id, _, gguf_file = model.partition(":")
-    patterns = [gguf_file] if gguf_file else list(SERVING_FILES)
+    patterns = [gguf_file] if gguf_file else list(TOKENIZER_FILES if tokenizer_only else SERVING_FILES)
     try:
         try:
             folder = snapshot_download(repo_id, revision=revision, cache_dir=cache_dir, allow_patterns=patterns, local_files_only=True)
@@ -70,6 +74,11 @@ def resolve_hub_id(model: str, revision: str | None = None, cache_dir: str | Non
         if not os.path.isfile(path):
             raise ValueError(f"model={model!r}: the repository has no file {gguf_file!r}; name one of its .gguf files")
         return path
+    if tokenizer_only:
+        if not any(name.startswith("tokenizer") for name in os.listdir(folder)):
+            raise ValueError(f"tokenizer={model!r} has no tokenizer files in its snapshot ({folder}); name a repository "
+                             "with tokenizer.json or tokenizer_config.json")
+        return folder
     if not os.path.isfile(os.path.join(folder, "config.json")):
         raise ValueError(
             f"model={model!r} has no config.json in its snapshot ({folder}); a Hugging Face model repository "

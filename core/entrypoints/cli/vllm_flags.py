@@ -69,7 +69,6 @@ VLLM_FLAGS: tuple[VllmFlag, ...] = (
     VllmFlag("--worker-use-ray", "use --distributed-executor-backend ray (vLLM removed this flag too)", refuse=True),
     # values that change nothing here
     VllmFlag("--code-revision", "host runs no code from a model folder", takes_value=True),
-    VllmFlag("--tokenizer-revision", "host never downloads a tokenizer: --tokenizer is a local folder", takes_value=True),
     VllmFlag("--tokenizer-mode", "host loads the folder's tokenizer with transformers' AutoTokenizer (fast where there is one)",
              takes_value=True, accept=("auto",)),
     VllmFlag("--swap-space", "host never swaps KV blocks to CPU memory: a preempted request recomputes its blocks", takes_value=True),

@@ -29,12 +29,12 @@ IMPLEMENTED = [
     "--chat-template", "{{ messages[0]['content'] }}", "--trust-request-chat-template", "--max-queued-requests", "8",
     "--uvicorn-log-level", "WARNING", "--disable-uvicorn-access-log", "--root-path", "/llm", "--disable-fastapi-docs",
     "--ssl-keyfile", "key.pem", "--ssl-certfile", "cert.pem", "--kv-cache-dtype", "fp8",
-    "--download-dir", "/tmp/x", "--revision", "main",
+    "--download-dir", "/tmp/x", "--revision", "main", "--tokenizer-revision", "v1",
 ]
 # accepted without effect: each logs one line
 NO_EFFECT = [
     "--trust-remote-code", "--disable-frontend-multiprocessing", "--disable-log-requests",
-    "--swap-space", "4", "--tokenizer-revision", "v1", "--max-seq-len-to-capture", "8192",
+    "--swap-space", "4", "--max-seq-len-to-capture", "8192",
 ]
 
 
@@ -59,7 +59,7 @@ def test_a_vllm_launch_scripts_flags_are_accepted(serve, caplog):
     assert call["model"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
     engine = call["engine_kwargs"]
     assert engine["seed"] == 7 and engine["max_logprobs"] == 5 and engine["dtype"] == "half"
-    assert engine["download_dir"] == "/tmp/x" and engine["revision"] == "main"
+    assert engine["download_dir"] == "/tmp/x" and engine["revision"] == "main" and engine["tokenizer_revision"] == "v1"
     assert engine["enable_chunked_prefill"] is True and engine["enforce_eager"] is True and engine["max_num_seqs"] == 16
     assert engine["kv_cache_dtype"] == "fp8"
     api = call["settings"]

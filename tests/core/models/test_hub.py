@@ -175,3 +175,24 @@ def test_misspelt_gated_and_missing_revisions_are_clear_errors_from_the_hub(fake
     fake_hub.update(status=404, code="RevisionNotFound")
     with pytest.raises(ValueError, match=r"has no revision 'v9'"):
         resolve_model_path("acme/tiny", revision="v9")
+
+
+def test_a_tokenizer_hub_id_fetches_the_tokenizer_only(hub_cache, tiny_checkpoint, tmp_path):
+    import shutil as _shutil
+
+    from host.core.models.default_model import resolve_model_path as resolve
+
+    files = tmp_path / "tok"
+    files.mkdir()
+    source = Path(resolve("default"))
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (source / name).is_file():
+            _shutil.copyfile(source / name, files / name)
+    snapshot = lay_out_cache(hub_cache, "acme/tok", files, ref="v1")
+    llm = LLM(str(tiny_checkpoint("llama", vocab_size=49152)), tokenizer="acme/tok", tokenizer_revision="v1",
+              max_model_len=64, kv_cache_memory=16 << 20)
+    assert llm.config.model.tokenizer == str(snapshot)
+    assert llm.get_tokenizer().encode("Hello world", add_special_tokens=False) == [19556, 905]
+    llm.shutdown()
+    with pytest.raises(ValueError, match="not in the local Hugging Face cache"):
+        LLM(str(tiny_checkpoint("llama")), tokenizer="acme/absent-tok", max_model_len=64)
