@@ -54,7 +54,7 @@ class VllmFlag:
 
 VLLM_FLAGS: tuple[VllmFlag, ...] = (
     # switches that change nothing here
-    VllmFlag("--trust-remote-code", "host loads only its built-in architectures and never runs code from a model folder"),
+    VllmFlag("--trust-remote-code", "host runs only installed architectures (host.models plugins, or transformers' own classes through --model-impl transformers) and never runs code from a model folder"),
     VllmFlag("--disable-frontend-multiprocessing", "the OpenAI front end always runs in the API process, the engine in its own"),
     VllmFlag("--disable-log-requests", "host does not log each request (the periodic stats line is --disable-log-stats)"),
     VllmFlag("--enable-log-requests", "host does not log each request; /metrics and --stat-loggers report them"),
