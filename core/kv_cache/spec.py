@@ -8,10 +8,7 @@ handles it; lookups walk the MRO, so a subclass of a registered spec inherits it
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
-
-if TYPE_CHECKING:
-    from host.core.kv_cache.groups import KVCacheLayout
+from typing import Any, Sequence
 
 _DTYPE_BYTES: dict[str, int] = {
     "float32": 4,
@@ -136,7 +133,7 @@ class KVCacheConfig:
     block_size: int
     kv_cache_specs: list[KVCacheSpec] = field(default_factory=list)
     layer_names: list[str] = field(default_factory=list)
-    layout: "KVCacheLayout | None" = None
+    layout: Any = None  # a host.core.kv_cache.groups.KVCacheLayout (None: one group)
 
     def __post_init__(self) -> None:
         if self.num_blocks < 2:
@@ -171,10 +168,11 @@ class KVCacheConfig:
 
 def num_blocks_from_memory(
     budget_bytes: int, specs: Sequence[KVCacheSpec], max_model_len: int | None = None,
-    layout: "KVCacheLayout | None" = None,
+    layout: Any = None,
 ) -> int:
     """How many blocks ``budget_bytes`` holds, where one block stores a page of every layer (or,
-    with a hybrid ``layout``, ``layout.group_size`` pages).
+    with a hybrid ``layout``, a :class:`host.core.kv_cache.groups.KVCacheLayout`,
+    ``layout.group_size`` pages).
 
     The count includes the reserved null block. With ``max_model_len`` given, raises
     ``ValueError`` when the budget cannot hold even one request of that length (in a hybrid
