@@ -14,6 +14,7 @@ from helpers import hf_greedy, hf_model
 from host import LLM, SamplingParams
 from host.core.kv_cache.coordinator import HybridKVCacheManager
 from host.core.kv_cache.manager import KVCacheManager
+from host.core.kv_cache.spec import FullAttentionSpec, SlidingWindowSpec
 
 MAX_NEW = 10
 WINDOW = 8
@@ -113,3 +114,35 @@ def test_hybrid_holds_fewer_blocks_than_one_group(model):
     assert hyb == n + (n - first_needed)
     # in layer pages: 2 per hybrid block, 4 per single-group block
     assert 2 * hyb < 4 * single
+
+
+def test_fallback_to_one_group_says_why(model, caplog):
+    """Features assuming one block table per request keep one group, with one log line saying why."""
+    import logging
+
+    from host.core.engine_args import EngineArgs
+    from host.core.kv_cache.hybrid_policy import hybrid_unsupported_reason, kv_cache_layout
+
+    path, hf = model
+    base = dict(model=path, skip_tokenizer_init=True, max_model_len=128, block_size=4)
+    assert hybrid_unsupported_reason(EngineArgs(**base).create_engine_config()) is None
+    cases = {
+        "--disable-hybrid-kv-cache-manager": dict(disable_hybrid_kv_cache_manager=True),
+        "KV connector": dict(kv_transfer_config={"kv_connector": "p2p", "kv_role": "kv_producer"}),
+        "speculative decoding": dict(speculative_config={"method": "ngram", "num_speculative_tokens": 2}),
+    }
+    specs = [FullAttentionSpec(4, 2, 16, "float32")] * 2 + [SlidingWindowSpec(4, 2, 16, "float32", sliding_window=WINDOW)] * 2
+    for why, extra in cases.items():
+        config = EngineArgs(**base, **extra).create_engine_config()
+        assert why in hybrid_unsupported_reason(config)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="host.kv_cache"):
+            layout = kv_cache_layout(config, specs, log=True)
+        assert layout.num_groups == 1
+        lines = [r.getMessage() for r in caplog.records if r.name == "host.kv_cache"]
+        assert len(lines) == 1 and why in lines[0] and "allocated like full attention" in lines[0]
+    # end to end: ngram drafts over the conservative one-group cache still give transformers' tokens
+    llm = LLM(**base, speculative_config={"method": "ngram", "num_speculative_tokens": 2})
+    assert type(llm.engine.kv_cache_manager) is KVCacheManager
+    batch = prompts()[:3]
+    assert generate(llm, batch) == [hf_greedy(hf, p, MAX_NEW) for p in batch]
