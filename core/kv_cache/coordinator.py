@@ -139,6 +139,15 @@ class HybridKVCacheManager:
         if num_owned:
             for group in self._sliding:
                 group.remove_skipped_blocks(req_id, request.num_computed_tokens)
+            # the common case, a running request whose tables already hold the tokens (and whose
+            # full blocks are cached: every group caches in step with group 0)
+            total_tokens = request.num_computed_tokens + num_new_tokens
+            if total_tokens <= num_owned * self.block_size and (
+                not self.enable_caching or delay_cache
+                or min(total_tokens // self.block_size, len(request.block_hashes))
+                <= self._first.num_cached_blocks.get(req_id, 0)
+            ):
+                return self._no_new
 
         total_tokens = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
         num_hit_blocks = hit_tokens // self.block_size

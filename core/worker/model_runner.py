@@ -285,6 +285,11 @@ class ModelRunner:
             logger.info("Hybrid KV cache: the fused decode kernel is off (it runs every layer with one block table)")
         compilation = self.config.compilation
         if compilation.cuda_graphs:
+            if "cuda_graphs" in compilation.explicit or "cuda_graph_sizes" in compilation.explicit:
+                raise ValueError(
+                    "decode graphs (--cuda-graph-sizes) capture one block table and cannot run with hybrid KV "
+                    "cache groups; drop the flag or pass --disable-hybrid-kv-cache-manager"
+                )
             logger.info("Hybrid KV cache: decode graphs are off (they capture one block table)")
             compilation.cuda_graphs = False
             compilation.cuda_graph_sizes = []
