@@ -60,13 +60,18 @@ class GroupedBlocks:
 class HybridKVCacheManager:
     """Per-request block tables of every KV cache group over one :class:`BlockPool`.
 
-    Built from a :class:`KVCacheConfig` whose ``layout`` has more than one group; ``num_blocks``
-    counts the reserved null block."""
+    Built from a :class:`KVCacheConfig` whose ``layout`` has more than one group (or one
+    sliding-window group: every layer with the same window); ``num_blocks`` counts the reserved
+    null block. ``grouped`` tells the scheduler that new blocks come as :class:`GroupedBlocks`."""
+
+    grouped = True
 
     def __init__(self, kv_cache_config: KVCacheConfig, *, enable_caching: bool = True, max_model_len: int | None = None) -> None:
         layout = kv_cache_config.layout
-        if layout is None or not layout.is_hybrid:
-            raise ValueError("HybridKVCacheManager needs a KVCacheConfig whose layout has several groups")
+        if layout is None or not (layout.is_hybrid or layout.frees_windows):
+            raise ValueError(
+                "HybridKVCacheManager needs a KVCacheConfig whose layout has several groups or a sliding-window group"
+            )
         self.kv_cache_config = kv_cache_config
         self.layout: KVCacheLayout = layout
         self.block_size = kv_cache_config.block_size

@@ -55,15 +55,18 @@ class KVCacheLayout:
 
     @property
     def is_hybrid(self) -> bool:
+        """Several groups: the worker keeps one block table per group."""
         return len(self.groups) > 1
+
+    @property
+    def frees_windows(self) -> bool:
+        """Some group is a sliding window that frees what it has left (the hybrid manager runs
+        it; also for one group, when every layer has the same window)."""
+        return any(isinstance(g.spec, SlidingWindowSpec) for g in self.groups)
 
     def blocks_per_request(self, num_tokens: int) -> int:
         """The fewest blocks a request of ``num_tokens`` tokens holds at its end, over all groups
         (a sliding-window group keeps its window's blocks plus one)."""
-        spec = self.groups[0].spec
-        full = _cdiv(num_tokens, spec.block_size)
-        if not self.is_hybrid:
-            return full
         return sum(group_blocks_per_request(g.spec, num_tokens) for g in self.groups)
 
     def group_of_layer(self) -> dict[int, tuple[int, int]]:
@@ -101,8 +104,8 @@ def single_group_layout(specs: Sequence[KVCacheSpec], layers: Sequence[int]) -> 
 def hybrid_blocker(specs: Sequence[KVCacheSpec]) -> str | None:
     """Why ``specs`` cannot be laid out as hybrid groups (``None``: they can, and it pays off)."""
     kinds = {kind_of(s) for s in specs}
-    if len(kinds) < 2:
-        return "every layer has the same KV cache spec"
+    if len(kinds) < 2 and not isinstance(specs[0], SlidingWindowSpec):
+        return "every layer is full attention"
     pages = {s.page_size_bytes for s in specs}
     if len(pages) > 1:
         return f"layers have different page sizes ({sorted(pages)} bytes): equal-size groups need one"
@@ -119,7 +122,8 @@ def plan_kv_cache_layout(specs: Sequence[KVCacheSpec], layers: Sequence[int] | N
 
     With ``hybrid`` and more than one kind of layer of one page size, layers are grouped by kind
     (full attention first, then sliding windows by increasing size) into groups of
-    ``group_size`` layers, the layer count of the rarest kind; otherwise one group."""
+    ``group_size`` layers, the layer count of the rarest kind (layers all of one window: one
+    sliding-window group of every layer); otherwise one group allocated like full attention."""
     specs = list(specs)
     layers = list(range(len(specs))) if layers is None else list(layers)
     if len(layers) != len(specs):

@@ -45,7 +45,10 @@ def kv_cache_layout(config: Any, specs: Sequence[KVCacheSpec], layers: Sequence[
     reason = hybrid_unsupported_reason(config)
     layout = plan_kv_cache_layout(specs, layers, hybrid=reason is None)
     if log:
-        if layout.is_hybrid:
+        if layout.frees_windows and not layout.is_hybrid:
+            logger.info("Sliding-window KV cache: every layer has a window of %d tokens; blocks it has left are freed",
+                        layout.groups[0].spec.sliding_window)
+        elif layout.is_hybrid:
             kinds = ", ".join(
                 f"{type(g.spec).__name__}" + (f"(window {g.spec.sliding_window})" if hasattr(g.spec, "sliding_window") else "")
                 for g in layout.groups

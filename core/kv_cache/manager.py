@@ -25,6 +25,7 @@ class KVCacheManager:
     """
 
     num_groups = 1
+    grouped = False  # new blocks are a plain list (the hybrid manager's are GroupedBlocks)
 
     def __init__(
         self,
@@ -249,8 +250,9 @@ def check_kv_cache_specs(specs: Iterable[KVCacheSpec]) -> type:
     if len(managers) > 1:
         names = sorted(m.__name__ for m in managers)
         raise ValueError(
-            f"layers need different KV cache managers ({', '.join(names)}); "
-            "hybrid KV cache layouts are not supported yet"
+            f"layers need different KV cache managers ({', '.join(names)}) but share one KV cache group; "
+            "a hybrid KV cache layout groups them by kind (register a group manager with "
+            "host.core.kv_cache.group_manager.register_group_manager)"
         )
     block_sizes = {s.block_size for s in specs}
     if len(block_sizes) > 1:
@@ -262,9 +264,9 @@ def check_kv_cache_specs(specs: Iterable[KVCacheSpec]) -> type:
 def make_kv_cache_manager(kv_cache_config: KVCacheConfig, *, enable_caching: bool = True,
                           max_model_len: int | None = None) -> "KVCacheManager | Any":
     """The manager for ``kv_cache_config``: the hybrid coordinator when its layout has several
-    groups, else the single-group :class:`KVCacheManager`."""
+    groups or a sliding-window group, else the single-group :class:`KVCacheManager`."""
     layout = kv_cache_config.layout
-    if layout is not None and layout.is_hybrid:
+    if layout is not None and (layout.is_hybrid or layout.frees_windows):
         from host.core.kv_cache.coordinator import HybridKVCacheManager
 
         return HybridKVCacheManager(kv_cache_config, enable_caching=enable_caching, max_model_len=max_model_len)

@@ -58,6 +58,8 @@ SETTINGS = {
     # freed blocks go to the front of the free queue (no hash to keep): the next allocation
     # reuses them at once, so a window freeing a block it still reads shows in the tokens
     "hybrid-no-prefix-cache": dict(enable_prefix_caching=False),
+    # each step planned (and windows freed) while the previous one runs
+    "hybrid-async": dict(enable_prefix_caching=False, async_scheduling=True),
     "disabled": dict(disable_hybrid_kv_cache_manager=True),
 }
 
@@ -82,7 +84,7 @@ def test_greedy_tokens_equal_transformers(model, setting):
     assert got == want
     if setting == "hybrid-preempting":
         assert llm.engine.scheduler.num_preemptions > 0, "the KV budget was meant to force preemption"
-    elif setting != "hybrid-no-prefix-cache":
+    elif setting not in ("hybrid-no-prefix-cache", "hybrid-async"):
         assert manager.prefix_cache_stats.hits >= 24
 
 
@@ -114,6 +116,27 @@ def test_hybrid_holds_fewer_blocks_than_one_group(model):
     assert hyb == n + (n - first_needed)
     # in layer pages: 2 per hybrid block, 4 per single-group block
     assert 2 * hyb < 4 * single
+
+
+def test_every_layer_with_one_window_frees_blocks_and_keeps_one_table(tiny_checkpoint):
+    """A model whose layers all have the same window: one sliding-window group (the worker's one
+    block table, the fused decode kernel still on), blocks freed as the window slides."""
+    path = tiny_checkpoint("qwen2", seed=7, **{**QWEN2_SLIDING, "max_window_layers": 0})
+    hf = hf_model(path)
+    assert hf.config.layer_types == ["sliding_attention"] * 4
+    llm = LLM(str(path), skip_tokenizer_init=True, max_model_len=128, block_size=4, max_num_batched_tokens=16)
+    manager = llm.engine.kv_cache_manager
+    assert isinstance(manager, HybridKVCacheManager) and manager.num_groups == 1
+    runner = llm.engine.executor.worker.model_runner
+    assert not runner.input_batch.group_block_tables
+    assert runner.model.model.decode_kernel is not None
+    batch = prompts()
+    want = [hf_greedy(hf, p, MAX_NEW) for p in batch]
+    assert generate(llm, batch) == want
+    # freed blocks reused at once (no prefix cache): a window freeing too early would show
+    llm = LLM(str(path), skip_tokenizer_init=True, max_model_len=128, block_size=4, max_num_batched_tokens=16,
+              enable_prefix_caching=False)
+    assert generate(llm, batch) == want
 
 
 def test_fallback_to_one_group_says_why(model, caplog):

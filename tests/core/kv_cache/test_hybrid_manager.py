@@ -87,6 +87,25 @@ def test_uneven_counts_pad_the_last_group_and_mixed_windows_group_apart():
     assert plan_kv_cache_layout(mixed).num_groups == 1
 
 
+def test_layers_all_of_one_window_make_one_sliding_group():
+    specs = [SlidingWindowSpec(4, 1, 8, "float32", sliding_window=8)] * 3
+    layout = plan_kv_cache_layout(specs)
+    assert layout.num_groups == 1 and not layout.is_hybrid and layout.frees_windows
+    assert layout.page_size_bytes == 3 * specs[0].page_size_bytes
+    m = make_manager(specs, 64)
+    assert isinstance(m, HybridKVCacheManager) and m.num_groups == 1
+    req = make_request("r", list(range(30)), 4)
+    run(m, req, 30)
+    decode(m, req, 1)  # starts at 30: the window reads from 23, block 5 on
+    assert m.get_group_block_ids("r") == [[0] * 5 + m.get_group_block_ids("r")[0][5:]]
+    assert held(m) == 8 - 5
+    # without hybrid groups: every token kept, as full attention
+    single = plan_kv_cache_layout(specs, hybrid=False)
+    assert not single.frees_windows and isinstance(make_manager(specs, 64, hybrid=False), KVCacheManager)
+    m.free(req)
+    assert held(m) == 0
+
+
 def test_sizing_counts_group_pages_and_the_windows():
     specs = gemma3_specs()
     layout = plan_kv_cache_layout(specs)
