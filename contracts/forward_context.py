@@ -22,7 +22,9 @@ class ForwardContext:
     """What one forward pass needs beyond token ids and positions.
 
     ``attn_metadata`` is the object the backend's metadata builder returned (shared by every
-    layer); ``kv_caches[i]`` is layer ``i``'s view into the KV buffer; ``lora_mapping`` (with
+    layer); with a hybrid KV cache (several KV cache groups, each with its own block tables)
+    ``layer_attn_metadata[i]`` is layer ``i``'s group's metadata instead (``None`` with one
+    group). ``kv_caches[i]`` is layer ``i``'s view into the KV buffer; ``lora_mapping`` (with
     ``--enable-lora``) each token's adapter slot, a
     :class:`~host.core.lora.punica.LoRAMapping`, or ``None`` (every token on the base model).
     """
@@ -31,6 +33,12 @@ class ForwardContext:
     kv_caches: list["torch.Tensor"]
     extra: dict[str, Any] = field(default_factory=dict)
     lora_mapping: Any = None
+    layer_attn_metadata: list[Any] | None = None
+
+    def metadata_of(self, layer_idx: int) -> Any:
+        """The attention metadata layer ``layer_idx`` reads (its KV cache group's)."""
+        per_layer = self.layer_attn_metadata
+        return self.attn_metadata if per_layer is None else per_layer[layer_idx]
 
 
 _CONTEXT: contextvars.ContextVar[ForwardContext | None] = contextvars.ContextVar(

@@ -21,6 +21,9 @@ class NewRequestData:
     eos_token_id: int | None = None
     lora_request: Any = None  # its LoRARequest (--enable-lora), None for the base model
     pooling_params: Any = None  # its PoolingParams on a pooling model (docs/pooling.md), else None
+    # a hybrid KV cache (several KV cache groups): the block ids of groups 1.. (``block_ids`` is
+    # group 0's); empty with one group
+    group_block_ids: list[list[int]] = field(default_factory=list)
 
 
 @dataclass
@@ -29,6 +32,9 @@ class CachedRequestData:
 
     req_ids: list[str] = field(default_factory=list)
     new_block_ids: list[list[int]] = field(default_factory=list)  # appended to the block table
+    # a hybrid KV cache: per request, the new block ids of groups 1.. (``new_block_ids`` is group
+    # 0's); empty with one group
+    new_group_block_ids: list[list[list[int]]] = field(default_factory=list)
     num_computed_tokens: list[int] = field(default_factory=list)
     # pipeline parallelism only (Scheduler(send_token_ids=True)): each request's input tokens
     # this step, so stages that do not sample learn the tokens the last stage sampled

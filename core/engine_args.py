@@ -140,6 +140,12 @@ class EngineArgs:
         help="KV cache element type (auto: the model dtype; fp8 = fp8_e4m3: float8_e4m3fn pages with a per-layer scale, half the bytes of bfloat16)",
     )
     num_gpu_blocks_override: int | None = flag(help="fix the number of KV blocks (tests)")
+    disable_hybrid_kv_cache_manager: bool = flag(
+        False,
+        help="one KV cache group for models mixing full-attention and sliding-window layers: every layer "
+        "keeps every token's KV (the window still applies to the computation); by default sliding-window "
+        "groups free the blocks their window has left (docs/hybrid_kv_cache.md)",
+    )
     max_num_seqs: int = flag(128, help="requests per step")
     max_num_batched_tokens: int | None = flag(
         help="token budget per step", default_text="2048 (chunked prefill off: max_model_len if larger)"
@@ -266,6 +272,7 @@ class EngineArgs:
                 gpu_memory_utilization=self.gpu_memory_utilization,
                 num_gpu_blocks_override=self.num_gpu_blocks_override,
                 cache_dtype=self.kv_cache_dtype,
+                disable_hybrid_kv_cache_manager=self.disable_hybrid_kv_cache_manager,
             ),
             scheduler=SchedulerConfig(
                 max_num_seqs=self.max_num_seqs,

@@ -22,6 +22,9 @@ class CacheConfig:
     gpu_memory_utilization: float = 0.9
     num_gpu_blocks_override: int | None = None
     cache_dtype: str = "auto"
+    # one KV cache group even for layers of several kinds (sliding windows allocated like full
+    # attention): --disable-hybrid-kv-cache-manager
+    disable_hybrid_kv_cache_manager: bool = False
     # set at start-up
     num_gpu_blocks: int | None = None
 

@@ -20,7 +20,8 @@ from host.contracts.runner_output import ModelRunnerOutput
 from host.contracts.scheduler_output import SchedulerOutput
 from host.core.config import EngineConfig
 from host.core.engine.batch_queue import BatchQueue
-from host.core.kv_cache.manager import KVCacheManager
+from host.core.kv_cache.hybrid_policy import kv_cache_layout
+from host.core.kv_cache.manager import make_kv_cache_manager
 from host.core.kv_cache.spec import KVCacheConfig, num_blocks_from_memory
 from host.core.kv_transfer.factory import make_kv_connector
 from host.core.plugins.manager import get_plugin_host
@@ -47,7 +48,7 @@ class EngineCore:
         self.kv_connector = make_kv_connector(config, KVConnectorRole.SCHEDULER)
         self.executor = self._make_executor()
         self.kv_cache_config = self._initialize_kv_cache()
-        self.kv_cache_manager = KVCacheManager(
+        self.kv_cache_manager = make_kv_cache_manager(
             self.kv_cache_config,
             enable_caching=config.cache.enable_prefix_caching,
             max_model_len=config.scheduler.max_model_len,
@@ -106,6 +107,8 @@ class EngineCore:
         # one list per rank (a pipeline stage lists its own layers)
         rank_specs = self.executor.collective_rpc("get_kv_cache_specs")
         specs = max(rank_specs, key=lambda s: sum(x.page_size_bytes for x in s))
+        # the workers lay their KV tensors out the same way (ModelRunner.kv_cache_layout)
+        layout = kv_cache_layout(self.config, specs, log=True)
         cache = self.config.cache
         max_len = self.config.scheduler.max_model_len
         if cache.num_gpu_blocks_override is not None:
@@ -119,9 +122,9 @@ class EngineCore:
             source = f"KV budgets of {min(budgets) / 2**20:.1f}-{max(budgets) / 2**20:.1f} MiB per rank"
         else:
             available = self.executor.determine_available_memory()
-            num_blocks = num_blocks_from_memory(available, specs, max_len)
+            num_blocks = num_blocks_from_memory(available, specs, max_len, layout=layout)
             source = f"a KV budget of {available / 2**20:.1f} MiB"
-        kv_cache_config = KVCacheConfig(num_blocks, cache.block_size, specs)
+        kv_cache_config = KVCacheConfig(num_blocks, cache.block_size, specs, layout=layout)
         cache.num_gpu_blocks = num_blocks
         self.executor.collective_rpc("initialize_kv_cache", (num_blocks,))
         logger.info(

@@ -9,27 +9,33 @@ contents are worthless), hashed blocks to the back (least recently freed is evic
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from host.core.kv_cache.hashing import BlockHash
 
 
 class KVCacheBlock:
-    """One block of the paged KV cache (the same block id in every layer)."""
+    """One block of the paged KV cache: the same block id in every layer of the KV cache group
+    that allocated it (with a single group, every layer).
+
+    ``block_hash`` is its prefix-cache key while cached: the chained block hash for group 0,
+    ``(hash, group_id)`` for the other groups of a hybrid layout (each group caches its own
+    blocks of the same tokens)."""
 
     __slots__ = ("block_id", "ref_cnt", "block_hash", "prev_free", "next_free", "is_null")
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
         self.ref_cnt = 0
-        self.block_hash: BlockHash | None = None
+        self.block_hash: BlockHash | tuple[BlockHash, int] | None = None
         # links of the doubly linked free queue (None while the block is in use)
         self.prev_free: KVCacheBlock | None = None
         self.next_free: KVCacheBlock | None = None
         self.is_null = False
 
     def __repr__(self) -> str:
-        h = self.block_hash.hex()[:8] if self.block_hash else None
+        key = self.block_hash[0] if isinstance(self.block_hash, tuple) else self.block_hash
+        h = key.hex()[:8] if key else None
         return f"KVCacheBlock(id={self.block_id}, ref={self.ref_cnt}, hash={h})"
 
 
@@ -145,7 +151,7 @@ class BlockPool:
         self.null_block = self.free_block_queue.popleft()
         self.null_block.is_null = True
         # hash -> one block, promoted to {block_id: block} when several blocks share the hash
-        self._cached: dict[BlockHash, KVCacheBlock | dict[int, KVCacheBlock]] = {}
+        self._cached: dict[Any, KVCacheBlock | dict[int, KVCacheBlock]] = {}
         self.prefix_cache_stats = PrefixCacheStats()
 
     # -- allocation ---------------------------------------------------------------------------
@@ -200,10 +206,13 @@ class BlockPool:
         block_hashes: Sequence[BlockHash],
         num_cached_blocks: int,
         num_full_blocks: int,
+        group_id: int = 0,
     ) -> None:
         """Record ``hash -> block`` for ``blocks[num_cached_blocks:num_full_blocks]`` (blocks that
         just became full); ``block_hashes[i]`` is the chained hash of block ``i``. Blocks that
-        already carry a hash (prefix hits) and the null block are skipped."""
+        already carry a hash (prefix hits) and the null block are skipped. ``group_id``: the KV
+        cache group the blocks belong to (a hybrid layout caches each group's blocks under its
+        own key)."""
         if not self.enable_caching or num_full_blocks <= num_cached_blocks:
             return
         if num_full_blocks > len(block_hashes):
@@ -214,7 +223,7 @@ class BlockPool:
             block = blocks[i]
             if block.is_null or block.block_hash is not None:
                 continue
-            block_hash = block_hashes[i]
+            block_hash = block_hashes[i] if group_id == 0 else (block_hashes[i], group_id)
             block.block_hash = block_hash
             entry = self._cached.get(block_hash)
             if entry is None:
@@ -224,9 +233,9 @@ class BlockPool:
             else:
                 self._cached[block_hash] = {entry.block_id: entry, block.block_id: block}
 
-    def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
-        """A block holding the prefix ``block_hash`` names, or None."""
-        entry = self._cached.get(block_hash)
+    def get_cached_block(self, block_hash: BlockHash, group_id: int = 0) -> KVCacheBlock | None:
+        """A block of KV cache group ``group_id`` holding the prefix ``block_hash`` names, or None."""
+        entry = self._cached.get(block_hash if group_id == 0 else (block_hash, group_id))
         if entry is None or isinstance(entry, KVCacheBlock):
             return entry
         return next(iter(entry.values()))

@@ -3,7 +3,7 @@ and slot allocation for the tokens scheduled in a step."""
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from host.contracts.request import Request
 from host.core.kv_cache.block_pool import BlockPool, KVCacheBlock, PrefixCacheStats
@@ -20,7 +20,12 @@ class KVCacheManager:
 
     Build it from a :class:`KVCacheConfig` or from ``num_blocks`` and ``block_size``.
     ``num_blocks`` counts the reserved null block, so ``num_blocks - 1`` blocks are usable.
+    A layout of several groups is the :class:`~host.core.kv_cache.coordinator.HybridKVCacheManager`'s
+    (:func:`make_kv_cache_manager` picks).
     """
+
+    num_groups = 1
+    grouped = False  # new blocks are a plain list (the hybrid manager's are GroupedBlocks)
 
     def __init__(
         self,
@@ -177,6 +182,17 @@ class KVCacheManager:
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(request_id, ())]
 
+    def get_group_block_ids(self, request_id: str) -> list[list[int]]:
+        """The block ids of every KV cache group (here the one)."""
+        return [self.get_block_ids(request_id)]
+
+    def num_blocks_held(self, request_id: str) -> int:
+        return len(self.req_to_blocks.get(request_id, ()))
+
+    def blocks_to_hold(self, num_tokens: int) -> int:
+        """The blocks a request of ``num_tokens`` tokens holds (one per ``block_size`` tokens)."""
+        return _cdiv(num_tokens, self.block_size)
+
     @property
     def usage(self) -> float:
         """Fraction of usable blocks in use."""
@@ -234,14 +250,27 @@ def check_kv_cache_specs(specs: Iterable[KVCacheSpec]) -> type:
     if len(managers) > 1:
         names = sorted(m.__name__ for m in managers)
         raise ValueError(
-            f"layers need different KV cache managers ({', '.join(names)}); "
-            "hybrid KV cache layouts are not supported yet"
+            f"layers need different KV cache managers ({', '.join(names)}) but share one KV cache group; "
+            "a hybrid KV cache layout groups them by kind (register a group manager with "
+            "host.core.kv_cache.group_manager.register_group_manager)"
         )
     block_sizes = {s.block_size for s in specs}
     if len(block_sizes) > 1:
         raise ValueError(f"all KV cache layers must share one block_size, got {sorted(block_sizes)}")
     return managers.pop()
 
+
+
+def make_kv_cache_manager(kv_cache_config: KVCacheConfig, *, enable_caching: bool = True,
+                          max_model_len: int | None = None) -> "KVCacheManager | Any":
+    """The manager for ``kv_cache_config``: the hybrid coordinator when its layout has several
+    groups or a sliding-window group, else the single-group :class:`KVCacheManager`."""
+    layout = kv_cache_config.layout
+    if layout is not None and (layout.is_hybrid or layout.frees_windows):
+        from host.core.kv_cache.coordinator import HybridKVCacheManager
+
+        return HybridKVCacheManager(kv_cache_config, enable_caching=enable_caching, max_model_len=max_model_len)
+    return KVCacheManager(kv_cache_config, enable_caching=enable_caching, max_model_len=max_model_len)
 
 
 register_kv_cache_manager(FullAttentionSpec, KVCacheManager)

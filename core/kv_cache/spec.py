@@ -8,7 +8,7 @@ handles it; lookups walk the MRO, so a subclass of a registered spec inherits it
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 _DTYPE_BYTES: dict[str, int] = {
     "float32": 4,
@@ -103,8 +103,11 @@ class FullAttentionSpec(AttentionSpec):
 class SlidingWindowSpec(AttentionSpec):
     """Attention over the last ``sliding_window`` tokens.
 
-    With a single KV cache group the manager allocates sliding-window layers like full attention
+    With a single KV cache group (``--disable-hybrid-kv-cache-manager``, or where hybrid groups
+    are not supported) the manager allocates sliding-window layers like full attention
     (conservative allocation, exact windowed computation), so the memory need is the full one.
+    In a hybrid layout a sliding-window group keeps only the blocks its window can still read
+    (:mod:`host.core.kv_cache.sliding_window_group`).
     """
 
     sliding_window: int = 0
@@ -121,13 +124,16 @@ class SlidingWindowSpec(AttentionSpec):
 @dataclass
 class KVCacheConfig:
     """The KV cache the engine allocates: ``num_blocks`` blocks of ``block_size`` tokens, each
-    block holding one page of every layer in ``kv_cache_specs`` (in layer order).
-    ``layer_names`` optionally names the layers (same order)."""
+    block holding one page of every layer in ``kv_cache_specs`` (in layer order), or with a
+    hybrid ``layout`` (:mod:`host.core.kv_cache.groups`) one page of ``layout.group_size``
+    layers (the block belongs to one group). ``layer_names`` optionally names the layers (same
+    order)."""
 
     num_blocks: int
     block_size: int
     kv_cache_specs: list[KVCacheSpec] = field(default_factory=list)
     layer_names: list[str] = field(default_factory=list)
+    layout: Any = None  # a host.core.kv_cache.groups.KVCacheLayout (None: one group)
 
     def __post_init__(self) -> None:
         if self.num_blocks < 2:
@@ -149,7 +155,9 @@ class KVCacheConfig:
 
     @property
     def page_size_bytes(self) -> int:
-        """Bytes of one block across all layers."""
+        """Bytes of one block: every layer's page, or the hybrid layout's group of pages."""
+        if self.layout is not None:
+            return self.layout.page_size_bytes
         return sum(s.page_size_bytes for s in self.kv_cache_specs)
 
     @property
@@ -159,21 +167,30 @@ class KVCacheConfig:
 
 
 def num_blocks_from_memory(
-    budget_bytes: int, specs: Sequence[KVCacheSpec], max_model_len: int | None = None
+    budget_bytes: int, specs: Sequence[KVCacheSpec], max_model_len: int | None = None,
+    layout: Any = None,
 ) -> int:
-    """How many blocks ``budget_bytes`` holds, where one block stores a page of every layer.
+    """How many blocks ``budget_bytes`` holds, where one block stores a page of every layer (or,
+    with a hybrid ``layout``, a :class:`host.core.kv_cache.groups.KVCacheLayout`,
+    ``layout.group_size`` pages).
 
     The count includes the reserved null block. With ``max_model_len`` given, raises
-    ``ValueError`` when the budget cannot hold even one request of that length.
+    ``ValueError`` when the budget cannot hold even one request of that length (in a hybrid
+    layout: its full-attention blocks plus its windows' blocks).
     """
     specs = list(specs)
     if not specs:
         raise ValueError("cannot size a KV cache without layer specs")
-    per_block = sum(s.page_size_bytes for s in specs)
+    per_block = layout.page_size_bytes if layout is not None else sum(s.page_size_bytes for s in specs)
     num_blocks = max(int(budget_bytes) // per_block, 0)
     block_size = specs[0].block_size
     # one max_model_len request plus the null block
-    needed = (_cdiv(max_model_len, block_size) if max_model_len else 1) + 1
+    if not max_model_len:
+        needed = 2
+    elif layout is not None:
+        needed = layout.blocks_per_request(max_model_len) + 1
+    else:
+        needed = _cdiv(max_model_len, block_size) + 1
     if num_blocks < needed:
         need_bytes = needed * per_block
         what = f"one request of max_model_len={max_model_len}" if max_model_len else "one block"

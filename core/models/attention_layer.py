@@ -31,7 +31,7 @@ def attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ou
         key.view(n, layer.num_kv_heads, layer.head_size),
         value.view(n, layer.num_kv_heads, layer.head_size),
         ctx.kv_caches[layer_idx],
-        ctx.attn_metadata,
+        ctx.metadata_of(layer_idx),
     )
     output.copy_(out.reshape(output.shape))
 
@@ -90,7 +90,7 @@ class Attention(nn.Module):
         if ctx is None or self.impl is None:
             out = self._dense_causal(q, k, v)
         else:
-            out = self.impl.forward(q, k, v, ctx.kv_caches[self.layer_idx], ctx.attn_metadata)
+            out = self.impl.forward(q, k, v, ctx.kv_caches[self.layer_idx], ctx.metadata_of(self.layer_idx))
         return out.reshape(n, self.num_heads * self.head_size)
 
     def _dense_causal(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

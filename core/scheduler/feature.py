@@ -1,8 +1,8 @@
 """A feature's one seam into the scheduler.
 
 A feature that changes which requests run, what a step computes or what a step's result means
-(speculative decoding, LoRA, KV transfer, pooling, structured outputs; later hybrid KV groups,
-expert load balancing, encoder budgets) gives the scheduler one :class:`SchedulerFeature`. The
+(speculative decoding, LoRA, KV transfer, pooling, structured outputs; later expert load
+balancing, encoder budgets) gives the scheduler one :class:`SchedulerFeature`. The
 scheduler keeps a list of them and calls every one at the same points of each step; it never
 asks which features are on. Every method has a default that does nothing, so a feature
 implements only the points it needs:

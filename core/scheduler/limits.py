@@ -45,8 +45,9 @@ def check_prompt_fits(request: Request, max_model_len: int, kv: Any) -> None:
             f"{max_model_len}; shorten the prompt or raise --max-model-len"
         )
     usable = kv.num_blocks - 1
-    if _cdiv(n, kv.block_size) > usable:
+    needed = kv.blocks_to_hold(n) if hasattr(kv, "blocks_to_hold") else _cdiv(n, kv.block_size)
+    if needed > usable:
         raise ValueError(
-            f"request {req_id!r} has {n} prompt tokens but the KV cache holds only {usable} "
-            f"blocks of {kv.block_size} tokens; raise --kv-cache-memory or shorten the prompt"
+            f"request {req_id!r} has {n} prompt tokens (at least {needed} blocks of {kv.block_size} "
+            f"tokens) but the KV cache holds only {usable} blocks; raise --kv-cache-memory or shorten the prompt"
         )

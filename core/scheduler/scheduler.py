@@ -28,7 +28,8 @@ from host.core.scheduler.stop import check_stop
 
 
 class Scheduler(RequestBook):
-    """Continuous-batching scheduler over one :class:`KVCacheManager`.
+    """Continuous-batching scheduler over one :class:`KVCacheManager` (or the hybrid KV cache
+    manager, :class:`~host.core.kv_cache.coordinator.HybridKVCacheManager`: the same calls).
 
     ``schedule()`` plans a step, the executor runs it, ``update_from_output()`` appends the
     sampled tokens, applies stop conditions and frees finished requests' blocks. Features take
@@ -215,7 +216,7 @@ class Scheduler(RequestBook):
             elif num_new > plan.token_budget:
                 break
             ahead = 0 if num_ext else min(self.kv_lookahead, self.max_model_len - num_hit - num_new)  # as for running ones
-            num_hit_tokens = len(hit_blocks) * self.block_size
+            num_hit_tokens = num_hit if hit_blocks else 0  # the local prefix hit (not a connector's load)
             new_blocks = kv.allocate_slots(request, num_new + ahead, hit_blocks, num_hit_tokens) if ahead > 0 else None
             if new_blocks is None:
                 new_blocks = kv.allocate_slots(request, num_loaded + num_new, hit_blocks, num_hit_tokens, delay_cache=num_ext > 0)

@@ -51,6 +51,8 @@ class StepPlan:
     def output(self, kv: "KVCacheManager", finished_req_ids: set[str], send_token_ids: bool) -> SchedulerOutput:
         """The plan as the workers get it. With ``send_token_ids`` (pipeline parallelism) each
         running request's input tokens go too: stages that do not sample never saw them."""
+        grouped = getattr(kv, "grouped", False)  # the hybrid manager: new blocks per group (GroupedBlocks)
+        hybrid = kv.num_groups > 1
         new_reqs = [
             NewRequestData(
                 req_id=r.request_id,
@@ -62,15 +64,26 @@ class StepPlan:
                 eos_token_id=r.eos_token_id,
                 lora_request=r.lora_request,
                 pooling_params=r.pooling_params,
+                group_block_ids=kv.get_group_block_ids(r.request_id)[1:] if hybrid else [],
             )
             for r in self.scheduled_new
         ]
         running = self.scheduled_running
-        cached = CachedRequestData(
-            req_ids=[r.request_id for r in running],
-            new_block_ids=[[b.block_id for b in self.new_blocks_of[r.request_id]] for r in running],
-            num_computed_tokens=[r.num_computed_tokens for r in running],
-        )
+        if grouped:  # new_blocks_of holds GroupedBlocks (one list per group)
+            ids = [self.new_blocks_of[r.request_id].block_ids() if self.new_blocks_of[r.request_id] else None for r in running]
+            empty = [[] for _ in range(kv.num_groups - 1)]
+            cached = CachedRequestData(
+                req_ids=[r.request_id for r in running],
+                new_block_ids=[g[0] if g else [] for g in ids],
+                num_computed_tokens=[r.num_computed_tokens for r in running],
+                new_group_block_ids=[g[1:] if g else empty for g in ids] if hybrid else [],
+            )
+        else:
+            cached = CachedRequestData(
+                req_ids=[r.request_id for r in running],
+                new_block_ids=[[b.block_id for b in self.new_blocks_of[r.request_id]] for r in running],
+                num_computed_tokens=[r.num_computed_tokens for r in running],
+            )
         if send_token_ids:
             cached.new_token_ids = [
                 r.all_token_ids[r.num_computed_tokens : r.num_computed_tokens + self.num_scheduled[r.request_id]]

@@ -33,9 +33,14 @@ class InputBatch:
     Row ``i`` has the token ids of one request (prompt then outputs), how many of them are
     known, and its block table. Removing a request leaves a hole that :meth:`condense` fills by
     moving the last rows down, so rows ``0..num_reqs-1`` are always dense.
+
+    With a hybrid KV cache (``num_groups > 1``) each row has one block table per KV cache group:
+    ``block_table`` is group 0's, ``group_block_tables[g - 1]`` group ``g``'s. All of a request's
+    tables have the same length (``num_blocks``): a sliding-window group's entries are positional
+    too (its freed ones keep their old ids here; the window never reads them).
     """
 
-    def __init__(self, max_num_reqs: int, max_model_len: int, max_blocks_per_req: int) -> None:
+    def __init__(self, max_num_reqs: int, max_model_len: int, max_blocks_per_req: int, num_groups: int = 1) -> None:
         self.max_num_reqs = max_num_reqs
         self.max_model_len = max_model_len
         self.token_ids = np.zeros((max_num_reqs, max_model_len), dtype=np.int64)
@@ -43,6 +48,9 @@ class InputBatch:
         self.num_computed_tokens = np.zeros(max_num_reqs, dtype=np.int64)
         self.block_table = np.zeros((max_num_reqs, max_blocks_per_req), dtype=np.int32)
         self.num_blocks = np.zeros(max_num_reqs, dtype=np.int64)
+        self.group_block_tables = [
+            np.zeros((max_num_reqs, max_blocks_per_req), dtype=np.int32) for _ in range(num_groups - 1)
+        ]
         self.req_ids: list[str | None] = []
         self.req_id_to_index: dict[str, int] = {}
         self.states: list[CachedRequestState | None] = []
@@ -68,14 +76,19 @@ class InputBatch:
         self.num_tokens[index] = len(ids)
         self.num_computed_tokens[index] = state.num_computed_tokens
         self.num_blocks[index] = 0
-        self.append_blocks(index, state.block_ids)
+        self.append_blocks(index, state.block_ids, state.group_block_ids or None)
 
-    def append_blocks(self, index: int, block_ids: list[int]) -> None:
+    def append_blocks(self, index: int, block_ids: list[int], group_block_ids: list[list[int]] | None = None) -> None:
+        """Append group 0's ``block_ids`` (and, hybrid, groups 1..'s ``group_block_ids``: as many)
+        to row ``index``'s tables."""
         start = int(self.num_blocks[index])
         end = start + len(block_ids)
         if end > self.block_table.shape[1]:
             raise RuntimeError(f"block table row overflow: {end} > {self.block_table.shape[1]} blocks")
         self.block_table[index, start:end] = block_ids
+        if group_block_ids:
+            for table, ids in zip(self.group_block_tables, group_block_ids):
+                table[index, start:end] = ids
         self.num_blocks[index] = end
 
     def remove(self, req_id: str) -> None:
@@ -98,6 +111,8 @@ class InputBatch:
             self.num_computed_tokens[hole] = self.num_computed_tokens[src]
             nb = int(self.num_blocks[src])
             self.block_table[hole, :nb] = self.block_table[src, :nb]
+            for table in self.group_block_tables:
+                table[hole, :nb] = table[src, :nb]
             self.num_blocks[hole] = nb
             self.req_ids[hole] = req_id
             self.states[hole] = self.states[src]
@@ -122,3 +137,6 @@ class StepInputs:
     block_table: np.ndarray  # int32 [num_reqs, max_blocks] (a view of the persistent batch)
     # (flat token indices, rows of the previous step's sampled ids) for tokens still in flight
     placeholders: tuple[np.ndarray, np.ndarray] | None = None
+    # a hybrid KV cache: (block_table, slot_mapping) of KV cache groups 1.. (the fields above
+    # are group 0's); None with one group
+    group_tables: list[tuple[np.ndarray, np.ndarray]] | None = None

@@ -85,6 +85,9 @@ class ModelRunner:
         self.decode_graphs: DecodeGraphs | None = None
         self.pipeline: PipelineStage | None = None  # this worker's stage (set by load_model)
         self._attention_layers: dict[int, Any] = {}
+        # a hybrid KV cache: each layer's KV cache group and the number of groups (1: one group)
+        self._group_of_layer: list[int] = []
+        self._num_kv_groups = 1
         # set to a list to record a StepTiming per step (benchmarks read it)
         self.step_timings: list[StepTiming] | None = None
         self._attn_builder: Any = None
@@ -193,14 +196,19 @@ class ModelRunner:
         return head_size_of(self.hf_config)
 
     def get_kv_cache_specs(self) -> list[Any]:
-        """One spec per attention layer of this worker's stage: a ``SlidingWindowSpec`` for a
-        layer whose :class:`Attention` has a ``sliding_window``, else a ``FullAttentionSpec``."""
+        """One spec per attention layer of this worker's stage, in layer order: a
+        :class:`SlidingWindowSpec` where the model's attention layer has a ``sliding_window``
+        (per layer: models mix full and sliding layers), else a :class:`FullAttentionSpec`;
+        then a draft model's layers."""
         from host.core.kv_cache.spec import FullAttentionSpec, SlidingWindowSpec
 
         kv_dtype = str(self.kv_cache_dtype).removeprefix("torch.")
+        config_window = getattr(self.hf_config, "sliding_window", None) if getattr(self.hf_config, "use_sliding_window", False) else None
+        layers = self._attention_layers
         specs = []
-        for idx in self.kv_layers:
-            window = getattr(self._attention_layers.get(idx), "sliding_window", None)
+        for i in self.kv_layers:
+            layer = layers.get(i)
+            window = getattr(layer, "sliding_window", None) if layer is not None else config_window
             if window:
                 specs.append(SlidingWindowSpec(self.block_size, self.num_kv_heads, self.head_size, kv_dtype, sliding_window=int(window)))
             else:
@@ -208,6 +216,13 @@ class ModelRunner:
         if self.step_kind is not None:  # a draft model's layers share the block budget
             specs += self.step_kind.kv_cache_specs()
         return specs
+
+    def kv_cache_layout(self) -> Any:
+        """How this worker's KV layers are grouped (:mod:`host.core.kv_cache.groups`): decided
+        from the config and the specs exactly as the engine core decides it."""
+        from host.core.kv_cache.hybrid_policy import kv_cache_layout
+
+        return kv_cache_layout(self.config, self.get_kv_cache_specs())
 
     @property
     def kv_cache_dtype(self) -> torch.dtype:
@@ -224,15 +239,21 @@ class ModelRunner:
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         """Allocate one flat buffer for every layer's KV cache (of this worker's stage) and view
-        it per layer; ``kv_caches`` is indexed by global layer index."""
+        it per layer; ``kv_caches`` is indexed by global layer index. With a hybrid layout the
+        buffer holds ``group_size`` tensors of ``num_blocks`` blocks, and layer ``j`` of every
+        KV cache group views tensor ``j`` (a block id belongs to one group)."""
         assert self.attn_backend is not None and self.pipeline is not None
         shape = self.attn_backend.get_kv_cache_shape(num_blocks, self.block_size, self.num_kv_heads, self.head_size)
         per_layer = int(np.prod(shape))
-        self.kv_buffer = allocate_kv_buffer(per_layer * len(self.kv_layers), self.kv_cache_dtype, torch.device(self.device))
-        self.kv_caches = self.pipeline.layer_views(self.kv_buffer, shape)
+        layout = self.kv_cache_layout()
         max_model_len = self.config.scheduler.max_model_len
         max_blocks = -(-max_model_len // self.block_size)
-        self.input_batch = InputBatch(self.config.scheduler.max_num_seqs, max_model_len, max_blocks)
+        if layout.is_hybrid:
+            self._init_hybrid_kv_cache(layout, shape, per_layer)
+        else:
+            self.kv_buffer = allocate_kv_buffer(per_layer * len(self.kv_layers), self.kv_cache_dtype, torch.device(self.device))
+            self.kv_caches = self.pipeline.layer_views(self.kv_buffer, shape)
+        self.input_batch = InputBatch(self.config.scheduler.max_num_seqs, max_model_len, max_blocks, layout.num_groups)
         self.num_blocks = num_blocks
         if self.step_kind is not None:  # a draft model's own KV tensors
             self.step_kind.initialize_kv_cache(num_blocks)
@@ -244,6 +265,34 @@ class ModelRunner:
             "KV cache: %d blocks of %d tokens, %.1f MiB", num_blocks, self.block_size, self.kv_buffer.numel() * self.kv_buffer.element_size() / 2**20
         )
         self._maybe_capture_graphs()
+
+    def _init_hybrid_kv_cache(self, layout: Any, shape: tuple[int, ...], per_layer: int) -> None:
+        """``group_size`` KV tensors shared by the groups; each layer views its position's one.
+        Paths that run every layer with one block table are turned off: the fused whole-stack
+        decode kernel and decode graphs."""
+        self.kv_buffer = allocate_kv_buffer(per_layer * layout.group_size, self.kv_cache_dtype, torch.device(self.device))
+        tensors = [self.kv_buffer[j * per_layer : (j + 1) * per_layer].view(shape) for j in range(layout.group_size)]
+        self.kv_caches = [torch.empty(0)] * self.num_layers
+        self._group_of_layer = [0] * self.num_layers
+        for gid, group in enumerate(layout.groups):
+            for j, layer in enumerate(group.layers):
+                self.kv_caches[layer] = tensors[j]
+                self._group_of_layer[layer] = gid
+        self._num_kv_groups = layout.num_groups
+        decoder = getattr(self.model, "model", None)
+        if getattr(decoder, "decode_kernel", None) is not None:
+            decoder.decode_kernel = None
+            logger.info("Hybrid KV cache: the fused decode kernel is off (it runs every layer with one block table)")
+        compilation = self.config.compilation
+        if compilation.cuda_graphs:
+            if "cuda_graphs" in compilation.explicit or "cuda_graph_sizes" in compilation.explicit:
+                raise ValueError(
+                    "decode graphs (--cuda-graph-sizes) capture one block table and cannot run with hybrid KV "
+                    "cache groups; drop the flag or pass --disable-hybrid-kv-cache-manager"
+                )
+            logger.info("Hybrid KV cache: decode graphs are off (they capture one block table)")
+            compilation.cuda_graphs = False
+            compilation.cuda_graph_sizes = []
 
     def _maybe_capture_graphs(self) -> None:
         """Capture decode graphs when the compilation config asks for them. A backend that
@@ -315,6 +364,16 @@ class ModelRunner:
             if new_blocks:
                 batch.append_blocks(index, new_blocks)
                 batch.states[index].block_ids.extend(new_blocks)
+        if cached.new_group_block_ids:  # a hybrid KV cache: the other groups' new blocks
+            for req_id, new_blocks, groups in zip(cached.req_ids, cached.new_block_ids, cached.new_group_block_ids):
+                if new_blocks:
+                    index = batch.req_id_to_index[req_id]
+                    start = int(batch.num_blocks[index]) - len(new_blocks)
+                    for table, ids in zip(batch.group_block_tables, groups):
+                        table[index, start : start + len(ids)] = ids
+                    state = batch.states[index]
+                    for own, ids in zip(state.group_block_ids, groups):
+                        own.extend(ids)
         self.pipeline.apply_new_token_ids(batch, cached)  # a stage that does not sample
         batch.condense()
         return so.total_num_scheduled_tokens != 0 and batch.num_reqs != 0
@@ -324,7 +383,10 @@ class ModelRunner:
         """The runner's state starts as the scheduler's description, field for field (lists
         copied: the runner appends to them)."""
         fields = {f.name: getattr(new, f.name) for f in dataclasses.fields(new)}
-        return CachedRequestState(**{k: list(v) if isinstance(v, list) else v for k, v in fields.items()})
+        state = CachedRequestState(**{k: list(v) if isinstance(v, list) else v for k, v in fields.items()})
+        if state.group_block_ids:  # a hybrid KV cache's other groups: the runner extends them
+            state.group_block_ids = [list(ids) for ids in state.group_block_ids]
+        return state
 
     def prepare_inputs(self, so: SchedulerOutput) -> StepInputs:
         """Phase 2: the step's flattened inputs as host arrays, built with vectorised numpy
@@ -373,6 +435,16 @@ class ModelRunner:
             src = np.array([prev_rows[live[r]] for r in req_indices[flat]], dtype=np.int64)
             placeholders = (flat, src)
         block_table = batch.block_table[:num_reqs, :max_blocks] if num_reqs == len(live) else batch.block_table[rows, :max_blocks]
+        group_tables = None
+        if batch.group_block_tables:  # a hybrid KV cache: every other group's table and slots
+            group_tables = []
+            in_block = positions % self.block_size
+            for table in batch.group_block_tables:
+                numbers = table[req_indices, positions // self.block_size]
+                group_tables.append((
+                    table[:num_reqs, :max_blocks] if num_reqs == len(live) else table[rows, :max_blocks],
+                    numbers.astype(np.int64) * self.block_size + in_block,
+                ))
         return StepInputs(
             req_ids=req_ids,
             rows=rows,
@@ -384,6 +456,7 @@ class ModelRunner:
             seq_lens=seq_lens,
             block_table=block_table,
             placeholders=placeholders,
+            group_tables=group_tables,
         )
 
     def _attention_metadata(self, inputs: StepInputs) -> CommonAttentionMetadata:
@@ -440,10 +513,24 @@ class ModelRunner:
         # query_start_loc (host ints): where each prompt starts, for an encoder's own attention (models/bert.py)
         extra = {"attention_layers": self._attention_layers, "query_start_loc": inputs.query_start_loc}
         ctx = ForwardContext(attn_metadata, self.kv_caches, extra)
+        if inputs.group_tables is not None:
+            ctx.layer_attn_metadata = self._group_metadata(common, attn_metadata, inputs)
         if self.lora is not None:
             ctx.lora_mapping = self.lora.step_mapping([self.input_batch.states[i] for i in inputs.rows], inputs.num_scheduled)
         with set_forward_context(ctx):
             return self.model_forward(input_ids, positions, **stage_kw)
+
+    def _group_metadata(self, common: CommonAttentionMetadata, first: Any, inputs: StepInputs) -> list[Any]:
+        """A hybrid KV cache's per-layer attention metadata: each group's is built from the
+        step's layout with that group's block table and slot mapping (``first``: group 0's)."""
+        stage = self.staging
+        per_group = [first]
+        for g, (table, slots) in enumerate(inputs.group_tables, 1):
+            group_common = dataclasses.replace(
+                common, block_table=stage.to_device(f"blocks{g}", table), slot_mapping=stage.to_device(f"slots{g}", slots)
+            )
+            per_group.append(self._attn_builder.build(group_common))
+        return [per_group[g] for g in self._group_of_layer]
 
     def logits_at(self, hidden: torch.Tensor, inputs: StepInputs, token_rows: np.ndarray) -> torch.Tensor:
         """Phase 4: the logits ``[len(token_rows), vocab]`` at the given rows of ``hidden``
