@@ -9,6 +9,8 @@ request; ``count_tokens`` with the ``usage.input_tokens`` the route really used.
 
 from __future__ import annotations
 
+import json
+
 import anthropic
 import httpx
 import jsonschema
@@ -86,7 +88,7 @@ def test_create_streamed_and_not_with_usage(claude, server):
     assert (final.stop_reason, final.usage.input_tokens, final.usage.output_tokens) == ("max_tokens", msg.usage.input_tokens, 6)
 
     # the raw event sequence, ping included (the client skips it)
-    raw = {**{k: v for k, v in kwargs.items() if k != "extra_body"}, **GREEDY, "stream": True}
+    raw = {**{k: v for k, v in kwargs.items() if k != "extra_body"}, **GREEDY, "max_tokens": 2, "stream": True}
     with httpx.stream("POST", f"{server.url}/v1/messages", json=raw, headers={"x-api-key": KEY}) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         names = [line.removeprefix("event: ") for line in r.iter_lines() if line.startswith("event: ")]
@@ -110,21 +112,20 @@ def test_stop_sequences(claude):
 
 
 def test_claude_code_loop(claude):
-    """tool_choice any -> tool_use -> tool_result -> a final text answer, as Claude Code runs it."""
+    """tool_choice any -> tool_use -> tool_result -> a final text answer, streamed as Claude Code runs it."""
     messages = list(ASK)
     kwargs = dict(model=MODEL, system=SYSTEM, tools=TOOLS, max_tokens=40, extra_body=GREEDY)
-    first = claude.messages.create(**kwargs, messages=messages, tool_choice={"type": "any", "disable_parallel_tool_use": True})
-    assert first.stop_reason == "tool_use"
-    [use] = tool_uses(first)
-    # the tools are in the prompt: count_tokens renders them as the route did
-    assert claude.messages.count_tokens(model=MODEL, system=SYSTEM, tools=TOOLS, messages=messages).input_tokens == first.usage.input_tokens
-
     with claude.messages.stream(**kwargs, messages=messages, tool_choice={"type": "any", "disable_parallel_tool_use": True}) as stream:
         events = list(stream)
-        streamed = stream.get_final_message()
-    [streamed_use] = tool_uses(streamed)
-    assert (streamed.stop_reason, streamed_use.name, streamed_use.input) == ("tool_use", use.name, use.input)
-    assert any(e.type == "content_block_delta" and e.delta.type == "input_json_delta" for e in events)
+        first = stream.get_final_message()
+    assert first.stop_reason == "tool_use"
+    [use] = tool_uses(first)
+    starts = [e.content_block.type for e in events if e.type == "content_block_start"]
+    assert starts == ["tool_use"]
+    partial = "".join(e.delta.partial_json for e in events if e.type == "content_block_delta" and e.delta.type == "input_json_delta")
+    assert json.loads(partial) == use.input
+    # the tools are in the prompt: count_tokens renders them as the route did
+    assert claude.messages.count_tokens(model=MODEL, system=SYSTEM, tools=TOOLS, messages=messages).input_tokens == first.usage.input_tokens
 
     messages.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]})
     messages.append({"role": "user", "content": [
@@ -132,16 +133,11 @@ def test_claude_code_loop(claude):
     ]})
     # SmolLM2 imitates the call in its history (with auto, the hermes parser reads it as another one): the
     # final turn allows no tools, so the answer is text whatever the model writes
-    final = claude.messages.create(**{**kwargs, "max_tokens": 8}, messages=messages, tool_choice={"type": "none"})
+    final = claude.messages.create(**{**kwargs, "max_tokens": 6}, messages=messages, tool_choice={"type": "none"})
     assert final.stop_reason in ("end_turn", "max_tokens")
     assert [b.type for b in final.content] == ["text"] and text_of(final).strip()
     counted = claude.messages.count_tokens(model=MODEL, system=SYSTEM, tools=TOOLS, messages=messages).input_tokens
     assert counted == final.usage.input_tokens > first.usage.input_tokens + 10  # the call and its result are in the prompt
-
-    # a named tool, and an error result read back
-    named = claude.messages.create(**{**kwargs, "max_tokens": 16}, messages=ASK, tool_choice={"type": "tool", "name": "get_time"})
-    [time_use] = tool_uses(named)
-    assert (named.stop_reason, time_use.name) == ("tool_use", "get_time")
     failed = [*messages[:-1], {"role": "user", "content": [
         {"type": "tool_result", "tool_use_id": use.id, "content": "the weather service is down", "is_error": True},
     ]}]
@@ -150,6 +146,18 @@ def test_claude_code_loop(claude):
         model=MODEL, system=SYSTEM, tools=TOOLS, messages=[*messages[:-1], {"role": "user", "content": [
             {"type": "tool_result", "tool_use_id": use.id, "content": "the weather service is down"}]}],
     ).input_tokens  # is_error marks the result
+
+
+def test_named_tool_streamed_and_not(claude):
+    kwargs = dict(model=MODEL, tools=TOOLS, messages=ASK, max_tokens=16, extra_body=GREEDY, tool_choice={"type": "tool", "name": "get_time"})
+    named = claude.messages.create(**kwargs)
+    [time_use] = tool_uses(named)
+    assert (named.stop_reason, time_use.name, [b.type for b in named.content]) == ("tool_use", "get_time", ["tool_use"])
+    with claude.messages.stream(**kwargs) as stream:
+        streamed = stream.get_final_message()
+    [streamed_use] = tool_uses(streamed)
+    assert (streamed.stop_reason, streamed_use.name, streamed_use.input) == ("tool_use", "get_time", time_use.input)
+    assert streamed.usage.output_tokens == named.usage.output_tokens
 
 
 def test_api_key_as_x_api_key_or_bearer(server, claude):
