@@ -111,6 +111,18 @@ def test_stop_sequences(claude):
     assert (final.stop_reason, final.stop_sequence, text_of(final)) == ("stop_sequence", stop, text_of(msg))
 
 
+def test_prefill_continues_the_assistant_turn(claude, server):
+    prefill = [*ASK, {"role": "assistant", "content": "The weather in Paris is"}]
+    msg = claude.messages.create(model=MODEL, messages=prefill, max_tokens=3, extra_body=GREEDY)
+    assert msg.stop_reason == "max_tokens" and text_of(msg)
+    counted = claude.messages.count_tokens(model=MODEL, messages=prefill).input_tokens
+    assert counted == msg.usage.input_tokens
+    # the turn is continued: the prompt ends with the prefill (the same text as a chat continue_final_message)
+    chat = httpx.post(f"{server.url}/tokenize", headers={"x-api-key": KEY}, json={
+        "messages": prefill, "continue_final_message": True, "add_generation_prompt": False}).json()
+    assert chat["count"] == counted
+
+
 def test_claude_code_loop(claude):
     """tool_choice any -> tool_use -> tool_result -> a final text answer, streamed as Claude Code runs it."""
     messages = list(ASK)
