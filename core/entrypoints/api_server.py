@@ -3,7 +3,7 @@ process.
 
 The core owns only the frame: error handling (every error is an OpenAI-style body; a 500 says
 only "internal error" and a request id, the detail is logged), the middlewares of
-``core/entrypoints/middleware.py`` (bearer auth on every route but liveness, version, metrics and
+``core/entrypoints/middleware.py`` (the API key, as a bearer token or ``x-api-key``, on every route but liveness, version, metrics and
 the API description; the request-body limit), the engine's life cycle and the app state. Every route — the OpenAI
 API included — comes from an :class:`host.sdk.EndpointPlugin` in the ``host.endpoints``
 registry. A plugin whose ``required_tasks`` the model does not support is skipped with an INFO

@@ -5,7 +5,7 @@ All three are plain ASGI (no ``BaseHTTPMiddleware``), so streaming responses and
 detection pass through untouched. Outermost first:
 
 - :class:`ApiKeyMiddleware` — with ``--api-key`` every route needs ``Authorization: Bearer KEY``
-  except :data:`OPEN_PATHS` (liveness, version, metrics and the API description); 401 otherwise,
+  (OpenAI's clients) or ``x-api-key: KEY`` (Anthropic's) except :data:`OPEN_PATHS` (liveness, version, metrics and the API description); 401 otherwise,
   checked before the body is read.
 - :class:`BodyLimitMiddleware` — a body over ``--max-request-bytes`` is refused with 413, from its
   ``Content-Length`` before anything is read and while a chunked body is being received, so a
@@ -58,21 +58,33 @@ def request_id_of(scope: Scope) -> str:
     return uuid.uuid4().hex
 
 
+API_KEY_HELP = "missing or wrong API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'"
+
+
+def api_key_given(headers: Any, api_key: str) -> bool:
+    """Whether ``headers`` (ASGI ``(name, value)`` byte pairs, names lower-case) carry
+    ``api_key`` as ``Authorization: Bearer KEY`` or as ``x-api-key: KEY``; compared in constant time."""
+    bearer, plain = f"Bearer {api_key}".encode(), api_key.encode()
+    ok = False
+    for name, value in headers or ():
+        if name == b"authorization":
+            ok |= hmac.compare_digest(value, bearer)
+        elif name == b"x-api-key":
+            ok |= hmac.compare_digest(value, plain)
+    return ok
+
+
 class ApiKeyMiddleware:
-    """401 for every path outside :data:`OPEN_PATHS` without ``Authorization: Bearer KEY``."""
+    """401 for every path outside :data:`OPEN_PATHS` without the key (:func:`api_key_given`)."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
-        self.expected = f"Bearer {api_key}".encode()
+        self.api_key = api_key
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
-            given = _header(scope, b"authorization") or b""
-            if not hmac.compare_digest(given, self.expected):
-                response = JSONResponse(
-                    error_body("missing or wrong API key: send 'Authorization: Bearer <key>'", "AuthenticationError", None, 401),
-                    status_code=401,
-                )
+            if not api_key_given(scope.get("headers"), self.api_key):
+                response = JSONResponse(error_body(API_KEY_HELP, "AuthenticationError", None, 401), status_code=401)
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)

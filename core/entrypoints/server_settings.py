@@ -33,7 +33,7 @@ class ServerSettings:
     port: int = flag(8000, help="Port to listen on.")
     api_key: str | None = flag(
         envvar="HOST_API_KEY",
-        help="Require 'Authorization: Bearer KEY' on every route but /health, /version, /metrics and the API docs.",
+        help="Require 'Authorization: Bearer KEY' or 'x-api-key: KEY' on every route but /health, /version, /metrics and the API docs.",
     )
     served_model_names: list[str] = flag(
         factory=list, names=("--served-model-name",),

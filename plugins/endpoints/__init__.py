@@ -1,5 +1,6 @@
 """Built-in HTTP routes (entry point ``host.endpoints: builtin_endpoints``): the OpenAI API
-(``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``) and the server routes
+(``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``), Anthropic's Messages API
+(``/v1/messages``, ``/v1/messages/count_tokens``) and the server routes
 (``/tokenize``, ``/detokenize``, ``/tokenizer_info``, ``/health``, ``/version``, ``/load``, ``/metrics``,
 ``/v1/plugins``), SageMaker's ``/invocations``, the LoRA adapter registry with its load/unload routes,
 the pooling routes (``/v1/embeddings``, ``/pooling``, ``/v1/score``, ``/rerank``; the other runner's
@@ -14,6 +15,7 @@ from host.sdk import hookimpl
 
 @hookimpl
 def host_register_endpoints(register: Callable[..., None]) -> None:
+    from host.plugins.endpoints.anthropic_messages import MessagesEndpoint
     from host.plugins.endpoints.chat import ChatCompletionsEndpoint
     from host.plugins.endpoints.completions import CompletionsEndpoint
     from host.plugins.endpoints.embeddings import EmbeddingsEndpoint
@@ -34,6 +36,7 @@ def host_register_endpoints(register: Callable[..., None]) -> None:
     for plugin in (
         CompletionsEndpoint(),
         ChatCompletionsEndpoint(),
+        MessagesEndpoint(),
         ModelsEndpoint(),
         InvocationsEndpoint(),
         TokenizeEndpoint(),

@@ -70,7 +70,7 @@ def _text_content(content: Any) -> str | None:
 
 def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Messages as chat templates expect them: text parts joined, ``None`` content as ``""``.
-    Tool-call ``arguments`` given as a JSON string
+    ``tool_calls`` that is not a list of objects is a 400 naming it. Tool-call ``arguments`` given as a JSON string
     become a dict; malformed ones become ``{}`` with a warning — the bad value stays in the
     conversation's history, so failing the request would break every later turn."""
     out = []
@@ -81,10 +81,19 @@ def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         # None (an assistant turn that only calls tools) becomes "": templates concatenate it
         m["content"] = _text_content(m.get("content")) or ""
         calls = m.get("tool_calls")
+        if calls is not None and not isinstance(calls, list):
+            raise APIError(400, f"messages[{i}].tool_calls must be a list of tool calls, not {type(calls).__name__}",
+                           param=f"messages[{i}].tool_calls")
         if isinstance(calls, list):
             fixed = []
-            for call in calls:
-                call = dict(call) if isinstance(call, dict) else {}
+            for j, call in enumerate(calls):
+                if not isinstance(call, dict):
+                    raise APIError(400, f'messages[{i}].tool_calls[{j}] must be an object {{"id", "type": "function", '
+                                   f'"function": {{"name", "arguments"}}}}', param=f"messages[{i}].tool_calls")
+                call = dict(call)
+                if not isinstance(call.get("function") or {}, dict):
+                    raise APIError(400, f'messages[{i}].tool_calls[{j}].function must be an object {{"name", "arguments"}}',
+                                   param=f"messages[{i}].tool_calls")
                 fn = dict(call.get("function") or {})
                 args = fn.get("arguments")
                 if isinstance(args, str):

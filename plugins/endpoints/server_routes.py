@@ -253,8 +253,9 @@ class HealthEndpoint(EndpointPlugin):
         async def drain(raw: Request) -> JSONResponse:
             state = raw.app.state
             key = state.settings.api_key
-            if key and raw.headers.get("authorization") != f"Bearer {key}":
-                raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'", "AuthenticationError")
+            if key and raw.headers.get("authorization") != f"Bearer {key}" and raw.headers.get("x-api-key") != key:
+                raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
+                               "AuthenticationError")
             started = state.drain.start("POST /drain")
             return JSONResponse(
                 {"draining": True, "already_draining": not started, "in_flight": state.drain.in_flight,

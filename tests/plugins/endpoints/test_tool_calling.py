@@ -152,3 +152,20 @@ def test_agent_loop(client, model):
     prompt_tokens = final.usage.prompt_tokens
     bare = client.chat.completions.create(model=model, messages=ASK, tools=TOOLS, tool_choice="none", max_tokens=1, temperature=0)
     assert prompt_tokens > bare.usage.prompt_tokens + 10  # the call and its result are in the prompt
+
+
+@pytest.mark.parametrize(
+    "tool_calls, fragment",
+    [
+        ("get_weather", "messages[1].tool_calls must be a list"),
+        ({"function": {"name": "get_weather"}}, "messages[1].tool_calls must be a list"),
+        (["get_weather"], "messages[1].tool_calls[0] must be an object"),
+        ([{"id": "c", "type": "function", "function": 5}], "messages[1].tool_calls[0].function must be an object"),
+    ],
+)
+def test_malformed_history_tool_calls_are_400(client, model, tool_calls, fragment):
+    """An assistant turn's ``tool_calls`` that is not a list of call objects (once a 500): a 400 naming it."""
+    messages = [*ASK, {"role": "assistant", "content": None, "tool_calls": tool_calls}, {"role": "user", "content": "and?"}]
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=model, messages=messages, max_tokens=2)
+    assert fragment in err.value.message and err.value.body["param"] == "messages[1].tool_calls"
