@@ -178,6 +178,12 @@ def _parse_json(field: dataclasses.Field, value: str) -> dict[str, Any]:
         raise typer.BadParameter(f"{value!r} is not JSON ({exc})", param_hint=flag_name(field)) from None
     if not isinstance(parsed, dict):
         raise typer.BadParameter(f"{value!r} must be a JSON object", param_hint=flag_name(field))
+    from host.core.entrypoints.cli.nested_configs import NestedConfigError, check_config_keys
+
+    try:
+        check_config_keys(flag_name(field), parsed)
+    except NestedConfigError as exc:
+        raise typer.BadParameter(str(exc), param_hint=flag_name(field)) from None
     return {field.name: parsed}
 
 
