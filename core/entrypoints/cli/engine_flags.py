@@ -196,7 +196,7 @@ _PARSERS: dict[str, Callable[[dataclasses.Field, str], dict[str, Any]]] = {
 }
 
 
-def _flag_cell(field: dataclasses.Field) -> str:
+def flag_cell(field: dataclasses.Field) -> str:
     if not field.metadata["cli"]:
         return ""
     name = flag_name(field)
@@ -216,7 +216,7 @@ def flag_table() -> str:
         default = default_text(field)
         if isinstance(field.default, str) and not field.metadata["default_text"]:
             default = f"`{default}`"
-        rows.append(f"| `{field.name}` | {_flag_cell(field)} | {default} | {meaning} |")
+        rows.append(f"| `{field.name}` | {flag_cell(field)} | {default} | {meaning} |")
     return "\n".join(rows) + "\n"
 
 

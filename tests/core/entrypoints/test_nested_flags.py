@@ -179,3 +179,21 @@ def test_vllm_tool_calling_test_server_line_starts(tmp_path):
     with run_server(tmp_path, args) as server:
         assert httpx.get(f"{server.url}/health").status_code == 200
         assert "No such option" not in server.log()
+
+
+def test_docs_flag_table_is_generated_from_the_code():
+    """docs/openai_api.md's launch-flag table lists every engine and server flag, the nested
+    configs' keys and VLLM_FLAGS, as the generator prints them (so the docs cannot call a flag
+    refused that the code implements)."""
+    from pathlib import Path
+
+    from host.core.entrypoints.cli.vllm_flag_table import HEADER, vllm_flag_table
+
+    text = (Path(__file__).resolve().parents[3] / "docs" / "openai_api.md").read_text()
+    start = text.index(HEADER)
+    end = text.find("\n\n", start)
+    documented = text[start:] if end < 0 else text[start : end + 1]
+    assert documented == vllm_flag_table(), "regenerate the table: python -m host.core.entrypoints.cli.vllm_flag_table"
+    for flag in ("--tensor-parallel-size", "--pipeline-parallel-size", "--data-parallel-size"):
+        row = next(line for line in documented.splitlines() if f"`{flag}`" in line)
+        assert "| implemented" in row, row
