@@ -178,6 +178,12 @@ def _parse_json(field: dataclasses.Field, value: str) -> dict[str, Any]:
         raise typer.BadParameter(f"{value!r} is not JSON ({exc})", param_hint=flag_name(field)) from None
     if not isinstance(parsed, dict):
         raise typer.BadParameter(f"{value!r} must be a JSON object", param_hint=flag_name(field))
+    from host.core.entrypoints.cli.nested_configs import NestedConfigError, check_config_keys
+
+    try:
+        check_config_keys(flag_name(field), parsed)
+    except NestedConfigError as exc:
+        raise typer.BadParameter(str(exc), param_hint=flag_name(field)) from None
     return {field.name: parsed}
 
 
@@ -190,7 +196,7 @@ _PARSERS: dict[str, Callable[[dataclasses.Field, str], dict[str, Any]]] = {
 }
 
 
-def _flag_cell(field: dataclasses.Field) -> str:
+def flag_cell(field: dataclasses.Field) -> str:
     if not field.metadata["cli"]:
         return ""
     name = flag_name(field)
@@ -210,7 +216,7 @@ def flag_table() -> str:
         default = default_text(field)
         if isinstance(field.default, str) and not field.metadata["default_text"]:
             default = f"`{default}`"
-        rows.append(f"| `{field.name}` | {_flag_cell(field)} | {default} | {meaning} |")
+        rows.append(f"| `{field.name}` | {flag_cell(field)} | {default} | {meaning} |")
     return "\n".join(rows) + "\n"
 
 

@@ -15,6 +15,7 @@ import inspect
 import typing
 from typing import Any, Callable
 
+import typer
 import typer.core
 
 
@@ -55,6 +56,22 @@ class GroupedHelpCommand(typer.core.TyperCommand):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **{**kwargs, "rich_markup_mode": None})  # plain click help
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        """vLLM's nested config spellings (``--x-config.key value``, ``-O.key=value``) and
+        underscore spellings are folded into this command's options first (:mod:`.nested_args`)."""
+        from host.core.entrypoints.cli.nested_args import NestedArgsError, rewrite_nested_args
+
+        options = {
+            opt: not getattr(param, "is_flag", False) and param.nargs != 0
+            for param in self.get_params(ctx) if param.param_type_name == "option"
+            for opt in (*param.opts, *param.secondary_opts)
+        }
+        try:
+            args = rewrite_nested_args(list(args), options)
+        except NestedArgsError as exc:
+            raise typer.BadParameter(str(exc), ctx) from None
+        return super().parse_args(ctx, args)
 
     def format_options(self, ctx: Any, formatter: Any) -> None:
         sections: dict[str, list[tuple[str, str]]] = {}

@@ -1,19 +1,29 @@
 """``host generate`` and ``host chat``: the offline engine from the terminal.
 
-Both take every engine flag (``engine_flags``) and the plugin flags (``plugin_flags``); the
+Both take every engine flag (``engine_flags``), vLLM's ``--compilation-config`` (its JSON,
+dotted and ``-O.KEY`` forms, :mod:`.nested_configs`) and the plugin flags (``plugin_flags``); the
 engine runs in this process (``LLM``)."""
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Any, Optional
 
 import typer
 
 from host.core.entrypoints.cli.engine_flags import with_engine_flags
+from host.core.entrypoints.cli.nested_configs import Translated, log_nested_notes, merge_flags, with_nested_configs
 from host.core.entrypoints.cli.plugin_flags import with_plugin_flags
 
 
+def _with_nested(engine_kwargs: dict[str, Any], nested: Translated) -> dict[str, Any]:
+    """The engine flags with ``--compilation-config``'s translated keys (its notes logged)."""
+    log_nested_notes(nested, logging.getLogger("host.cli"))
+    return merge_flags(engine_kwargs, nested.engine, lambda name: "--" + name.replace("_", "-"))
+
+
+@with_nested_configs("--compilation-config")
 @with_plugin_flags
 @with_engine_flags()
 def generate_cmd(
@@ -28,12 +38,14 @@ def generate_cmd(
     *,
     engine_kwargs: dict[str, Any],
     plugin_flags: dict[str, Any],
+    nested_configs: Translated,
 ) -> None:
     """Complete each PROMPT with the model and print the results."""
     from host import LLM, SamplingParams
     from host.core.lora.frontend import lora_requests_from_modules
 
     try:
+        engine_kwargs = _with_nested(engine_kwargs, nested_configs)
         adapters = lora_requests_from_modules(list(lora_modules or []))
         if adapters and not engine_kwargs.get("enable_lora"):
             raise ValueError("--lora-modules needs --enable-lora (the engine then reserves the adapter slots)")
@@ -50,6 +62,7 @@ def generate_cmd(
         typer.echo(out.prompt + out.outputs[0].text if out.prompt else out.outputs[0].text)
 
 
+@with_nested_configs("--compilation-config")
 @with_plugin_flags
 @with_engine_flags()
 def chat_cmd(
@@ -59,6 +72,7 @@ def chat_cmd(
     *,
     engine_kwargs: dict[str, Any],
     plugin_flags: dict[str, Any],
+    nested_configs: Translated,
 ) -> None:
     """Chat with the model in the terminal; tokens are printed as they are generated.
     An empty line or Ctrl-D ends the session."""
@@ -66,7 +80,7 @@ def chat_cmd(
     from host.core.frontend.chat_stream import stream_chat
 
     try:
-        llm = LLM(**plugin_flags, **engine_kwargs)
+        llm = LLM(**plugin_flags, **_with_nested(engine_kwargs, nested_configs))
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2)

@@ -14,12 +14,15 @@ after ``--header-read-timeout`` seconds are closed; idle keep-alive ones after
 The model is served under the name typed (``host.core.models.default_model.served_name``; the
 default model as ``HuggingFaceTB/SmolLM2-135M-Instruct``) unless ``--served-model-name`` names it.
 A vLLM launch script's flags are accepted: those host implements are options here or engine
-flags, the rest come from :mod:`.vllm_flags` (one log line each, or a refusal with the reason).
+flags, the rest come from :mod:`.vllm_flags` (one log line each, or a refusal with the reason);
+vLLM's nested configs (``--compilation-config``, ``--structured-outputs-config``, in their JSON
+and dotted forms) are translated into engine and server flags by :mod:`.nested_configs`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import signal
 import sys
@@ -28,17 +31,21 @@ from typing import Any, Optional
 import typer
 
 from host.core.entrypoints.cli.engine_flags import with_engine_flags
+from host.core.entrypoints.cli.nested_configs import Translated, log_nested_notes, merge_flags, with_nested_configs
 from host.core.entrypoints.cli.plugin_flags import with_plugin_flags
 from host.core.entrypoints.cli.server_flags import server_settings, with_server_flags
 from host.core.entrypoints.cli.vllm_flags import log_vllm_flags, with_vllm_flags
 from host.core.entrypoints.server_settings import ServerSettings
 from host.core.entrypoints.server_settings import read_chat_template as read_chat_template  # where it was
 
+logger = logging.getLogger("host.serve")
+
 API_SWITCH_INTERVAL_S = 0.0005
 """The API process's GIL switch interval (Python's default is 5 ms)."""
 
 
 @with_vllm_flags
+@with_nested_configs("--compilation-config", "--structured-outputs-config")
 @with_plugin_flags
 @with_engine_flags(exclude=("model",))
 @with_server_flags
@@ -54,6 +61,7 @@ def serve_cmd(
     engine_kwargs: dict[str, Any],
     plugin_flags: dict[str, Any],
     vllm_flags: dict[str, Any],
+    nested_configs: Translated,
 ) -> None:
     """Serve MODEL over an OpenAI-compatible HTTP API."""
     from host.core.logging_config import configure_logging
@@ -61,13 +69,15 @@ def serve_cmd(
 
     configure_logging(str(server_flags["log_level"]).upper())
     log_vllm_flags(vllm_flags)
+    log_nested_notes(nested_configs, logger)
     if model is not None and model_option is not None and model != model_option:
         typer.echo(f"error: the model is given twice ({model!r} and --model {model_option!r}); pass it once", err=True)
         raise typer.Exit(code=2)
     model = model if model is not None else model_option
     try:
         os.environ.update(plugin_host_for(**plugin_flags).settings.to_env())  # the engine process inherits them
-        settings = server_settings(**server_flags)
+        engine_kwargs = merge_flags(engine_kwargs, nested_configs.engine, _flag_of)
+        settings = server_settings(**merge_flags(server_flags, nested_configs.server, _flag_of))
         if isinstance(engine_kwargs.get("kv_transfer_config"), dict):
             # a connector may derive its side-channel ports from the server's
             engine_kwargs["kv_transfer_config"] = {"http_port": settings.port, **engine_kwargs["kv_transfer_config"]}
@@ -75,6 +85,10 @@ def serve_cmd(
     except (ValueError, RuntimeError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2)
+
+
+def _flag_of(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
 def _describe_plugins(records: list[dict[str, Any]]) -> str:

@@ -79,13 +79,13 @@ VLLM_FLAGS: tuple[VllmFlag, ...] = (
     VllmFlag("--response-role", "chat answers always have role assistant", takes_value=True, accept=("assistant",)),
     VllmFlag("--chat-template-content-format", "host joins text content parts into a string for every template",
              takes_value=True, accept=("auto", "string")),
-    VllmFlag("--guided-decoding-backend", "structured outputs always use host's xgrammar backend", takes_value=True, accept=("auto", "xgrammar")),
+    VllmFlag("--guided-decoding-backend", "host's structured outputs run on xgrammar, its one backend (vLLM's newer "
+             "spelling: --structured-outputs-config.backend)", takes_value=True, refuse=True, accept=("auto", "xgrammar")),
     VllmFlag("--generation-config", "sampling defaults come from the request (vLLM's --generation-config vllm)",
              takes_value=True, accept=("vllm",)),
     VllmFlag("--preemption-mode", "host preempts by recomputing", takes_value=True, accept=("recompute",)),
     VllmFlag("--num-scheduler-steps", "host schedules every step (async scheduling overlaps planning instead)", takes_value=True, accept=("1",)),
     VllmFlag("--device", "the platform is detected (--platform forces one)", takes_value=True, accept=("auto",)),
-    VllmFlag("--compilation-config", "use -O0 ... -O3, --torch-compile and --cuda-graph-sizes", takes_value=True),
     VllmFlag("--override-generation-config", "sampling defaults come from the request", takes_value=True),
     # refused: host cannot do what they ask
     VllmFlag("--limit-mm-per-prompt", "host serves text-only models", takes_value=True, refuse=True),
