@@ -6,12 +6,14 @@ template, ``tool_choice`` "required" or named is enforced by the structured-outp
 output is read by the server's tool and reasoning parsers, the sampling fields are chat's. The
 output becomes Responses items and, streamed, the official event sequence
 (:mod:`.responses_stream`), from ``response.created`` and ``response.in_progress`` to
-``response.completed`` (``response.incomplete`` when ``max_output_tokens`` cut it; an error
-mid-stream is an ``error`` event, then ``response.failed``).
+``response.completed``, which carries the response and its ``status`` (``"incomplete"`` with
+``incomplete_details.reason`` ``"max_output_tokens"`` when that limit cut it: as vLLM, no
+separate ``response.incomplete`` event, which the official client's ``responses.stream`` helper
+does not take as an end); an error mid-stream is an ``error`` event, then ``response.failed``.
 
 ``usage`` counts the prompt (``input_tokens``, with ``input_tokens_details``: ``cached_tokens``
-the prefix cache served, ``cache_write_tokens`` the prompt tokens of the full KV blocks this
-request added to it; 0 without prefix caching) and the output (``output_tokens``; ``output_tokens_details.reasoning_tokens``
+the prefix cache served, ``cache_write_tokens`` the other prompt tokens in full KV blocks, which
+this request computed and cached; 0 without prefix caching) and the output (``output_tokens``; ``output_tokens_details.reasoning_tokens``
 up to the end of the reasoning, with a reasoning parser).
 
 With ``store`` (the default) the finished response is kept in the server's
@@ -171,7 +173,7 @@ class ResponseJob:
                 builder.feed(final.outputs[0].text, True)
             response = self.finish(final, builder)
             self.save(response)
-            log.emit("response.completed" if response["status"] == "completed" else "response.incomplete", response=response)
+            log.emit("response.completed", response=response)
         except Exception as exc:  # noqa: BLE001 - the stream has started: the error goes in-band
             logger.warning("responses stream %s failed: %s", self.id, exc)
             log.emit("error", code="server_error", message=str(exc), param=None)

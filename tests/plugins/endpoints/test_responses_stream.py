@@ -63,7 +63,7 @@ def run(text: str, step: int | None, status: str = "completed", **kw) -> tuple[l
         builder.feed(text[:cut])
     builder.feed(text, final=True)
     items = builder.finish(status)
-    log.emit(f"response.{status}", response=j.object(status, items))
+    log.emit("response.completed", response=j.object(status, items))
     events = json.loads(json.dumps(log.pending))  # what a client receives
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     state = ResponseStreamState(input_tools=omit, text_format=omit)
