@@ -65,6 +65,25 @@ def _not_found(response_id: str, param: str) -> APIError:
     )
 
 
+def constraint_field(body: ResponsesRequest) -> str | None:
+    """The field whose JSON schema the structured-output grammar enforces (named in the 400 of a
+    schema the grammar cannot compile): ``text.format.schema``, or the tools of a required or
+    named ``tool_choice``."""
+    fmt = body.format
+    if fmt is not None and fmt.type == "json_schema":
+        return "text.format.schema"
+    if body.tool_choice == "required" or isinstance(body.tool_choice, dict):
+        return "tools"
+    return None
+
+
+def _engine_error(exc: ValueError, body: ResponsesRequest) -> APIError:
+    """A request the engine refused, as a 400 naming the field where the message says which."""
+    message = str(exc).strip()
+    param = constraint_field(body) if message.startswith("structured_outputs.") else None
+    return APIError(400, f"{param}: {message}" if param else message, param=param)
+
+
 def reasoning_tokens(token_ids: list[int], end_ids: list[int] | None, reasoned: bool) -> int:
     """The output tokens of the reasoning: through the first ``end_ids`` sequence, or all of them
     when it never ended; 0 for an output without reasoning."""
@@ -176,10 +195,11 @@ class ResponseJob:
             log.emit("response.completed", response=response)
         except Exception as exc:  # noqa: BLE001 - the stream has started: the error goes in-band
             logger.warning("responses stream %s failed: %s", self.id, exc)
-            log.emit("error", code="server_error", message=str(exc), param=None)
-            log.emit("response.failed", response=self.object(
-                "failed", builder.items, error={"code": "server_error", "message": str(exc)},
-            ))
+            error = _engine_error(exc, self.body) if isinstance(exc, ValueError) else None
+            message = error.message if error is not None else str(exc)
+            log.emit("error", code="invalid_request_error" if error is not None else "server_error", message=message,
+                     param=error.param if error is not None else None)
+            log.emit("response.failed", response=self.object("failed", builder.items, error={"code": "server_error", "message": message}))
         yield log.drain()
 
 
@@ -205,7 +225,11 @@ async def create_response(body: ResponsesRequest, raw: Request) -> Any:
     state = raw.app.state
     text, ids = await off_loop(render_chat, engine.tokenizer, chat, state.settings, engine.check_prompt_length,
                                tokenizer_process(raw))
-    params = sampling_params(chat, chat.max_completion_tokens, None, max(1, state.max_model_len - len(ids)))
+    room = state.max_model_len - len(ids)
+    if body.max_output_tokens is not None and body.max_output_tokens > room:
+        raise APIError(400, f"max_output_tokens={body.max_output_tokens} plus the prompt's {len(ids)} tokens exceeds "
+                       f"max_model_len={state.max_model_len}; ask for at most {room} tokens", param="max_output_tokens")
+    params = sampling_params(chat, chat.max_completion_tokens, None, max(1, room))
     constrain(params, parsing)
     try:
         engine.validate(ids, params)
@@ -218,7 +242,11 @@ async def create_response(body: ResponsesRequest, raw: Request) -> Any:
     (gen,) = generations(engine, chat, params, [(text, ids)], job.id, chat.deadline(), lora_request_for(state, model))
     if body.stream:
         return StreamingResponse(job.events(gen), media_type="text/event-stream")
-    response = await off_loop(job.complete, await run_to_end(raw, gen))
+    try:
+        result = await run_to_end(raw, gen)
+    except ValueError as exc:  # a grammar that does not compile is found when the request starts
+        raise _engine_error(exc, body) from None
+    response = await off_loop(job.complete, result)
     job.save(response)
     return FastJSONResponse(response)
 
