@@ -6,7 +6,8 @@ ignored, a wrong type is a 400 naming the field. ``input`` items are checked one
 :mod:`.responses_input`, which names the bad item (``input[2].call_id``).
 
 Fields the server cannot honour are refused rather than ignored: ``background: true``,
-``truncation: "auto"``, ``top_logprobs`` above 0 (see :meth:`ResponsesRequest.refused`).
+``truncation: "auto"``, ``conversation``, ``prompt``, ``top_logprobs`` above 0 (see
+:meth:`ResponsesRequest.refused`).
 The vLLM sampling extensions (``top_k``, ``min_p``, ``repetition_penalty``, ``seed``, ``stop``,
 ...) travel in the body as on the chat route (the client's ``extra_body``) and are handed to it
 unchanged (:data:`CHAT_EXTENSIONS`).
@@ -93,6 +94,8 @@ class ResponsesRequest(_Body):
     background: Optional[bool] = None
     max_tool_calls: Optional[int] = Field(None, ge=1)
     service_tier: Optional[str] = None  # accepted, no effect
+    conversation: Optional[Any] = None  # refused: no server-side conversations
+    prompt: Optional[Any] = None  # refused: no stored prompt templates
     # the vLLM extensions (CHAT_EXTENSIONS), typed as on the chat route
     top_k: Optional[int] = None
     min_p: Optional[float] = None
@@ -127,6 +130,11 @@ class ResponsesRequest(_Body):
             return "background", "background=true is not supported: responses run while the request is open; drop it"
         if self.truncation == "auto":
             return "truncation", 'truncation="auto" is not supported: a prompt over the context is a 400; use "disabled"'
+        if self.conversation is not None:
+            return "conversation", ("conversations are not stored on this server; send the items in input, or continue a "
+                                    "stored response with previous_response_id")
+        if self.prompt is not None:
+            return "prompt", "stored prompt templates are not supported; send the instructions and input themselves"
         if self.top_logprobs:
             return "top_logprobs", "top_logprobs is not supported on /v1/responses; use /v1/chat/completions with logprobs"
         return None

@@ -190,6 +190,7 @@ def test_json_schema_output_is_parsed(client, model):
         (dict(input="x", background=True), "background", "not supported"),
         (dict(input="x", truncation="auto"), "truncation", "not supported"),
         (dict(input="x", top_logprobs=3), "top_logprobs", "not supported"),
+        (dict(input="x", conversation="conv_1"), "conversation", "previous_response_id"),
         (dict(input=3), "input.", "valid string"),  # input.str / input.list: neither form
     ],
 )
