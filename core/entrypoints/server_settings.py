@@ -95,6 +95,13 @@ class ServerSettings:
     reasoning_parser: str | None = flag(
         help="Reasoning parser (host.reasoning_parsers), e.g. deepseek_r1: fills reasoning_content."
     )
+    # the store behind POST /v1/responses' store / previous_response_id and GET/DELETE /v1/responses/{id}
+    responses_store_size: int = flag(
+        1000, min=0, help="Most responses /v1/responses keeps for GET and previous_response_id (the oldest go first; 0 keeps none).",
+    )
+    responses_store_ttl: float = flag(
+        3600.0, min=1, help="Seconds a stored /v1/responses response is kept (then GET and previous_response_id answer 404).",
+    )
     enable_prompt_tokens_details: bool = flag(
         False, help="Report usage.prompt_tokens_details (cached_tokens from the prefix cache)."
     )

@@ -1,6 +1,6 @@
 """Built-in HTTP routes (entry point ``host.endpoints: builtin_endpoints``): the OpenAI API
-(``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``), Anthropic's Messages API
-(``/v1/messages``, ``/v1/messages/count_tokens``) and the server routes
+(``/v1/completions``, ``/v1/chat/completions``, ``/v1/responses``, ``/v1/models``), Anthropic's
+Messages API (``/v1/messages``, ``/v1/messages/count_tokens``) and the server routes
 (``/tokenize``, ``/detokenize``, ``/tokenizer_info``, ``/health``, ``/version``, ``/load``, ``/metrics``,
 ``/v1/plugins``), SageMaker's ``/invocations``, the LoRA adapter registry with its load/unload routes,
 the pooling routes (``/v1/embeddings``, ``/pooling``, ``/v1/score``, ``/rerank``; the other runner's
@@ -21,6 +21,7 @@ def host_register_endpoints(register: Callable[..., None]) -> None:
     from host.plugins.endpoints.embeddings import EmbeddingsEndpoint
     from host.plugins.endpoints.lora_routes import LoRAAdaptersEndpoint
     from host.plugins.endpoints.pooling_routes import PoolingEndpoint
+    from host.plugins.endpoints.responses import ResponsesEndpoint
     from host.plugins.endpoints.sagemaker import InvocationsEndpoint
     from host.plugins.endpoints.server_routes import (
         HealthEndpoint,
@@ -37,6 +38,7 @@ def host_register_endpoints(register: Callable[..., None]) -> None:
         CompletionsEndpoint(),
         ChatCompletionsEndpoint(),
         MessagesEndpoint(),
+        ResponsesEndpoint(),
         ModelsEndpoint(),
         InvocationsEndpoint(),
         TokenizeEndpoint(),

@@ -174,7 +174,7 @@ class TokenizerInfoEndpoint(EndpointPlugin):
         return [("GET", "/tokenizer_info")]
 
 
-LOAD_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/invocations"})
+LOAD_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses", "/invocations"})
 """The routes whose requests ``/load`` counts: those that generate (vLLM's load-aware routes)."""
 
 

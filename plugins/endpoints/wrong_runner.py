@@ -1,7 +1,7 @@
 """The other runner's routes, answered with a 400 naming the flag that would serve them.
 
 On a pooling model (an encoder such as ``BertModel``, or a decoder with ``--convert embed``),
-``/v1/completions`` and ``/v1/chat/completions`` name ``--runner generate``. On a generative
+``/v1/completions``, ``/v1/chat/completions`` and ``/v1/responses`` name ``--runner generate``. On a generative
 model, ``/v1/embeddings``, ``/v1/score`` and ``/rerank`` (and their aliases) name ``--convert
 embed``; ``/pooling`` does too, except for an IO processor's request (``{"data": ...}``, the
 processor named in ``io_processor`` or by ``--io-processor``), which runs through
@@ -19,7 +19,7 @@ from host.plugins.endpoints.io_processing import IOProcessors, run_processor
 from host.plugins.endpoints.pooling_routes import RERANK_PATHS, SCORE_PATHS, PoolingRequest
 from host.sdk import APIError, EndpointPlugin
 
-GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
+GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/responses")
 POOLING_PATHS = ("/v1/embeddings", *SCORE_PATHS, *RERANK_PATHS)
 
 

@@ -196,7 +196,8 @@ def test_a_third_party_io_processor_is_selected_by_name(server, model, reference
 
 
 def test_generation_routes_name_the_runner_flag(server, model):
-    for path, body in (("/v1/completions", {"prompt": "hi"}), ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})):
+    for path, body in (("/v1/completions", {"prompt": "hi"}), ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+                       ("/v1/responses", {"input": "hi"})):
         r = post(server, path, {"model": model, **body})
         assert r.status_code == 400 and "--runner generate" in r.json()["error"]["message"], r.text
 

@@ -113,3 +113,28 @@ def test_unknown_parser_fails_at_startup(tmp_path):
     out = proc.stdout + proc.stderr
     assert "--tool-call-parser 'nope' is not a known parser" in out
     assert "hermes" in out and "pythonic" in out
+
+
+def test_responses_reasoning_item_and_a_plugin_parsers_call(client, model, reference):
+    """/v1/responses on the same server: the reasoning parser's split is a ``reasoning`` item,
+    the content a message; under "auto" the third-party parser's call a ``function_call`` item."""
+    allowed, text = reference
+    reasoning, _, content = text.partition("</think>")
+    kwargs = dict(model=model, input=PROMPT[0]["content"], max_output_tokens=STEPS, temperature=0, extra_body={"allowed_token_ids": allowed})
+    resp = client.responses.create(**kwargs)
+    assert [o.type for o in resp.output] == ["reasoning", "message"]
+    assert resp.output[0].content[0].text == reasoning and resp.output_text == content
+    assert resp.status == "incomplete" and resp.incomplete_details.reason == "max_output_tokens"
+    assert 0 < resp.usage.output_tokens_details.reasoning_tokens < resp.usage.output_tokens == STEPS
+    with client.responses.stream(**kwargs) as stream:
+        events = list(stream)
+    assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == reasoning
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == content
+
+    tools = [{"type": "function", "name": t["function"]["name"], "parameters": t["function"]["parameters"]} for t in TOOLS]
+    plain = client.responses.create(**kwargs, tools=tools, tool_choice="none")  # the content the parser is given under "auto"
+    called = client.responses.create(**kwargs, tools=tools)
+    assert [o.type for o in called.output] == ["reasoning", "function_call"]
+    assert called.output[0].content[0].text == plain.output[0].content[0].text
+    call = called.output[1]
+    assert call.name == "say" and json.loads(call.arguments) == {"text": plain.output_text.strip()}
