@@ -6,7 +6,18 @@ Tensors come either dequantized to float32 (``gguf.quants.dequantize``) or, for 
 formats a quantization method keeps, as :class:`GGUFTensor` (the file's bytes, one row per
 output feature). The q/k row permutation llama.cpp applies to Llama checkpoints is undone in
 both cases (it permutes whole rows, so the blocks are untouched), and the tensors load into the
-same models as a Hugging Face checkpoint. Supported GGUF architectures: llama, qwen2, qwen3.
+same models as a Hugging Face checkpoint. Supported GGUF architectures: llama, qwen2, qwen3,
+gemma2, gemma3 (text).
+
+Gemma: llama.cpp's converter stores each RMSNorm weight as ``1 + w`` (its norm multiplies by the
+weight), so the norms are given back as ``w`` (stored - 1, in float32), the Hugging Face
+convention, as transformers' GGUF loader does. Gemma's four norms per block have their own
+llama.cpp names (``attn_norm``, ``post_attention_norm``, ``ffn_norm`` = the pre-feed-forward
+norm, ``post_ffw_norm``). The file holds no ``query_pre_attn_scalar``: it is set to the head
+size (``attention.key_length``), llama.cpp's attention scale for every Gemma 2 / 3 size but
+the 27B ones; the local RoPE base is ``rope.freq_base_swa`` when the file has it (llama.cpp's
+default, 10 000, otherwise) and the layer pattern is the config's default (Gemma 2: every other
+layer local; Gemma 3: five local to one global), as llama.cpp hard-codes them.
 """
 
 from __future__ import annotations
@@ -25,7 +36,10 @@ GGUF_ARCHITECTURES = {
     "llama": ("llama", "LlamaForCausalLM"),
     "qwen2": ("qwen2", "Qwen2ForCausalLM"),
     "qwen3": ("qwen3", "Qwen3ForCausalLM"),
+    "gemma2": ("gemma2", "Gemma2ForCausalLM"),
+    "gemma3": ("gemma3_text", "Gemma3ForCausalLM"),
 }
+_GEMMA = ("gemma2", "gemma3")
 
 # "{arch}.<key>" -> config attribute
 _CONFIG_KEYS = {
@@ -39,6 +53,19 @@ _CONFIG_KEYS = {
     "attention.key_length": "head_dim",
     "rope.freq_base": "rope_theta",
     "vocab_size": "vocab_size",
+}
+# the extra "{arch}.<key>" -> config attribute of some architectures
+_ARCH_CONFIG_KEYS = {
+    "gemma2": {
+        "attention.sliding_window": "sliding_window",
+        "attn_logit_softcapping": "attn_logit_softcapping",
+        "final_logit_softcapping": "final_logit_softcapping",
+    },
+    "gemma3": {
+        "attention.sliding_window": "sliding_window",
+        "rope.freq_base_swa": "rope_local_base_freq",
+        "final_logit_softcapping": "final_logit_softcapping",
+    },
 }
 _TOKEN_ID_KEYS = {
     "tokenizer.ggml.bos_token_id": "bos_token_id",
@@ -65,17 +92,25 @@ _BLOCK_TENSORS = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# Gemma's sandwich norms: llama.cpp's ffn_norm is the norm before the feed-forward block
+_GEMMA_BLOCK_TENSORS = {
+    **_BLOCK_TENSORS,
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 
-def hf_tensor_name(gguf_name: str) -> str:
-    """The Hugging Face parameter name of a GGUF tensor (``blk.3.attn_q.weight`` ->
-    ``model.layers.3.self_attn.q_proj.weight``)."""
+def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str:
+    """The Hugging Face parameter name of a GGUF tensor of architecture ``arch``
+    (``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``)."""
     match = _BLOCK_RE.match(gguf_name)
     if match is not None:
         idx, part, kind = match.groups()
-        if part in _BLOCK_TENSORS:
-            return f"model.layers.{idx}.{_BLOCK_TENSORS[part]}.{kind}"
+        block = _GEMMA_BLOCK_TENSORS if arch in _GEMMA else _BLOCK_TENSORS
+        if part in block:
+            return f"model.layers.{idx}.{block[part]}.{kind}"
     else:
         base, _, kind = gguf_name.rpartition(".")
         if base in _GLOBAL_TENSORS:
@@ -151,10 +186,12 @@ class GGUFCheckpoint:
 
         model_type, architecture = GGUF_ARCHITECTURES[self.arch]
         kwargs: dict[str, Any] = {}
-        for key, attr in _CONFIG_KEYS.items():
+        for key, attr in {**_CONFIG_KEYS, **_ARCH_CONFIG_KEYS.get(self.arch, {})}.items():
             value = self._field(f"{self.arch}.{key}")
             if value is not None:
                 kwargs[attr] = value
+        if self.arch in _GEMMA and "head_dim" in kwargs:
+            kwargs["query_pre_attn_scalar"] = kwargs["head_dim"]  # llama.cpp's scale: 1 / sqrt(head size)
         for key, attr in _TOKEN_ID_KEYS.items():
             value = self._field(key)
             if value is not None:
@@ -179,7 +216,7 @@ class GGUFCheckpoint:
 
     def tensor_types(self) -> dict[str, int]:
         """Hugging Face tensor name -> its GGUF quantization type (no data is read)."""
-        return {hf_tensor_name(t.name): int(t.tensor_type) for t in self.reader.tensors}
+        return {hf_tensor_name(t.name, self.arch): int(t.tensor_type) for t in self.reader.tensors}
 
     def tensors(
         self, dtype: torch.dtype = torch.float32, keep_qtypes: Iterable[int] = ()
@@ -191,8 +228,9 @@ class GGUFCheckpoint:
         keep = set(keep_qtypes)
         n_head = int(self._field(f"{self.arch}.attention.head_count"))
         n_kv_head = int(self._field(f"{self.arch}.attention.head_count_kv", n_head))
+        minus_one = self.arch in _GEMMA  # llama.cpp stores Gemma's norms as 1 + w
         for tensor in self.reader.tensors:
-            name = hf_tensor_name(tensor.name)
+            name = hf_tensor_name(tensor.name, self.arch)
             permute = self.arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight"))
             heads = n_head if "q_proj" in name else n_kv_head
             qtype = int(tensor.tensor_type)
@@ -207,6 +245,8 @@ class GGUFCheckpoint:
             array = np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
             if permute:
                 array = _unpermute_rows(array, heads)
+            if minus_one and name.endswith("norm.weight"):
+                array = array - np.float32(1.0)
             yield name, torch.from_numpy(np.array(array, dtype=np.float32, order="C")).to(dtype)
 
 

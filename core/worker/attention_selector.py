@@ -14,16 +14,33 @@ from host.interfaces.attention import AttentionBackend, AttentionRequirements
 logger = logging.getLogger("host.attention")
 
 
+def config_sliding_window(hf_config: Any) -> int | None:
+    """The sliding window some layer of the model attends with, from its config: ``sliding_window``
+    when ``use_sliding_window`` is on or ``layer_types`` lists a ``sliding_attention`` layer
+    (Gemma 2 / 3, Qwen2 with ``max_window_layers``), else ``None``."""
+    window = getattr(hf_config, "sliding_window", None)
+    if not window:
+        return None
+    if getattr(hf_config, "use_sliding_window", False) or "sliding_attention" in (getattr(hf_config, "layer_types", None) or ()):
+        return int(window)
+    return None
+
+
 def attention_requirements(config: EngineConfig, platform: Any, hf_config: Any, dtype: torch.dtype) -> AttentionRequirements:
+    """What the model needs from a backend, read from its config. ``logits_soft_cap`` is the
+    config's ``attn_logit_softcapping`` (Gemma 2's; a backend that cannot soft-cap is then not a
+    candidate)."""
     head_size = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
-    window = getattr(hf_config, "sliding_window", None) if getattr(hf_config, "use_sliding_window", False) else None
+    window = config_sliding_window(hf_config)
+    soft_cap = getattr(hf_config, "attn_logit_softcapping", None)
     return AttentionRequirements(
         device_type=platform.device_type,
         dtype=str(dtype).replace("torch.", ""),
         head_size=int(head_size),
         block_size=config.cache.block_size,
         kv_cache_dtype=config.cache.cache_dtype,
-        sliding_window=int(window) if window else None,
+        sliding_window=window,
+        logits_soft_cap=float(soft_cap) if soft_cap else None,
     )
 
 

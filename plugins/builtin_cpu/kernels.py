@@ -248,7 +248,7 @@ def cpu_kernels() -> Any | None:
 
             _ensure_ninja_on_path()
             isa = isa_flags()
-            name = "host_cpu_kernels_v9"
+            name = "host_cpu_kernels_v10"
             build_directory = _get_build_directory(name, verbose=False)
             module = load(
                 name=name,

@@ -14,6 +14,8 @@ ARCHITECTURES = {
     "LlamaForCausalLM": "host.core.models.llama:LlamaForCausalLM",
     "Qwen2ForCausalLM": "host.core.models.llama:Qwen2ForCausalLM",
     "Qwen3ForCausalLM": "host.core.models.llama:Qwen3ForCausalLM",
+    "Gemma2ForCausalLM": "host.core.models.gemma:Gemma2ForCausalLM",
+    "Gemma3ForCausalLM": "host.core.models.gemma:Gemma3ForCausalLM",
     "BertModel": "host.core.models.bert:BertModel",  # an encoder: --runner pooling (docs/pooling.md)
 }
 

@@ -317,7 +317,7 @@ def test_compiled_decode_kernel_head_sizes(head_size) -> None:
     table = torch.randperm(blocks - 1, generator=gen)[: reqs * 3].add(1).view(reqs, 3).to(torch.int32)
     lens = torch.tensor([length, 17, 1], dtype=torch.int32)
     q = torch.randn(reqs, heads, head_size, generator=gen)
-    out = k.paged_decode(q, kc, vc, table, lens, 0.1, 0)
+    out = k.paged_decode(q, kc, vc, table, lens, 0.1, 0, 0.0)
     for r in range(reqs):
         n = int(lens[r])
         keys = kc[table[r].long()].reshape(-1, kv_heads, head_size)[:n].double()
