@@ -13,11 +13,12 @@ Gemma: llama.cpp's converter stores each RMSNorm weight as ``1 + w`` (its norm m
 weight), so the norms are given back as ``w`` (stored - 1, in float32), the Hugging Face
 convention, as transformers' GGUF loader does. Gemma's four norms per block have their own
 llama.cpp names (``attn_norm``, ``post_attention_norm``, ``ffn_norm`` = the pre-feed-forward
-norm, ``post_ffw_norm``). The file holds no ``query_pre_attn_scalar``: it is set to the head
-size (``attention.key_length``), llama.cpp's attention scale for every Gemma 2 / 3 size but
-the 27B ones; the local RoPE base is ``rope.freq_base_swa`` when the file has it (llama.cpp's
-default, 10 000, otherwise) and the layer pattern is the config's default (Gemma 2: every other
-layer local; Gemma 3: five local to one global), as llama.cpp hard-codes them.
+norm, ``post_ffw_norm``). The file holds no ``query_pre_attn_scalar``: it follows llama.cpp's
+attention scale (see :meth:`GGUFCheckpoint._gemma_config`; for the released sizes but 27B it is
+the head size, 256, which is also transformers' default); the local RoPE base is
+``rope.freq_base_swa`` when the file has it (llama.cpp's default, 10 000, otherwise) and the
+layer pattern ``attention.sliding_window_pattern`` when given, else the config's default
+(Gemma 2: every other layer local; Gemma 3: five local to one global), as llama.cpp hard-codes.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ GGUF_ARCHITECTURES = {
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM"),
 }
 _GEMMA = ("gemma2", "gemma3")
+_GEMMA_27B_BLOCKS = {"gemma2": 46, "gemma3": 62}  # llama.cpp's test for its 27B attention scale
 
 # "{arch}.<key>" -> config attribute
 _CONFIG_KEYS = {
@@ -190,8 +192,8 @@ class GGUFCheckpoint:
             value = self._field(f"{self.arch}.{key}")
             if value is not None:
                 kwargs[attr] = value
-        if self.arch in _GEMMA and "head_dim" in kwargs:
-            kwargs["query_pre_attn_scalar"] = kwargs["head_dim"]  # llama.cpp's scale: 1 / sqrt(head size)
+        if self.arch in _GEMMA:
+            self._gemma_config(kwargs)
         for key, attr in _TOKEN_ID_KEYS.items():
             value = self._field(key)
             if value is not None:
@@ -213,6 +215,29 @@ class GGUFCheckpoint:
         kwargs["tie_word_embeddings"] = self.tied
         kwargs["architectures"] = [architecture]
         return AutoConfig.for_model(model_type, **kwargs)
+
+    def _gemma_config(self, kwargs: dict[str, Any]) -> None:
+        """What a Gemma GGUF leaves implicit: the attention scale (``attention.scale`` when
+        given; else llama.cpp's rule, ``1 / sqrt(hidden / heads)`` for the 27B models (46 and 62
+        blocks), ``1 / sqrt(head size)`` for the others) as ``query_pre_attn_scalar``, and the
+        local / global layout from ``attention.sliding_window_pattern`` when the file has one
+        (a period N: every N-th layer global; or one flag per layer, true = local)."""
+        scale = self._field(f"{self.arch}.attention.scale")
+        if scale:
+            kwargs["query_pre_attn_scalar"] = 1.0 / float(scale) ** 2
+        elif kwargs.get("num_hidden_layers") == _GEMMA_27B_BLOCKS[self.arch] and kwargs.get("num_attention_heads"):
+            kwargs["query_pre_attn_scalar"] = kwargs["hidden_size"] // kwargs["num_attention_heads"]
+        elif "head_dim" in kwargs:
+            kwargs["query_pre_attn_scalar"] = kwargs["head_dim"]
+        pattern = self._field(f"{self.arch}.attention.sliding_window_pattern")
+        layers = kwargs.get("num_hidden_layers")
+        if pattern is not None and layers:
+            if isinstance(pattern, (list, tuple)):
+                kwargs["layer_types"] = ["sliding_attention" if flag else "full_attention" for flag in pattern]
+            elif int(pattern) > 0:
+                kwargs["layer_types"] = [
+                    "sliding_attention" if (i + 1) % int(pattern) else "full_attention" for i in range(layers)
+                ]
 
     def tensor_types(self) -> dict[str, int]:
         """Hugging Face tensor name -> its GGUF quantization type (no data is read)."""
