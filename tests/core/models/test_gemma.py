@@ -148,6 +148,25 @@ def test_llm_greedy_matches_transformers_with_chunked_prefill_and_prefix_cache(c
     assert {(s.head_size, s.num_kv_heads) for s in specs} == {(32, 2)}
 
 
+def test_attention_requirements_and_the_torch_paged_backend(checkpoints: dict) -> None:
+    """Backend selection sees the window of the local layers and Gemma 2's soft cap (read from
+    the config); ``torch_paged`` (the GPU platforms' fallback for the soft cap) gives the same
+    tokens as the reference."""
+    from types import SimpleNamespace
+
+    from host.core.worker.attention_selector import attention_requirements
+
+    engine = SimpleNamespace(cache=SimpleNamespace(block_size=16, cache_dtype="auto"))
+    cpu = SimpleNamespace(device_type="cpu")
+    for case, cap in (("gemma2", 1.0), ("gemma3", None)):
+        req = attention_requirements(engine, cpu, checkpoints[case][1].config, torch.float32)
+        assert (req.sliding_window, req.logits_soft_cap, req.head_size) == (WINDOW, cap, 32)
+    path, hf = checkpoints["gemma2"]
+    llm = LLM(path, skip_tokenizer_init=True, max_model_len=64, block_size=4, attention_backend="torch_paged")
+    out = llm.generate([{"prompt_token_ids": p} for p in PROMPTS[::2]], SamplingParams(max_tokens=NEW, temperature=0.0, ignore_eos=True))
+    assert [o.outputs[0].token_ids for o in out] == [hf_greedy(hf, p, NEW) for p in PROMPTS[::2]]
+
+
 # -- a Gemma 3 GGUF ------------------------------------------------------------------------------
 
 def _write_gemma3_gguf(path: Path, seed: int = 0) -> Path:
