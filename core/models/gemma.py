@@ -229,7 +229,8 @@ class GemmaModel(nn.Module):
                 raise ValueError("a pipeline stage after the first needs intermediate={'hidden': ..., 'residual': ...} from the stage before")
             hidden, residual = intermediate["hidden"], intermediate["residual"]
         ropes = {kind: emb.prepare(positions) for kind, emb in self.rotary_emb.items()}
-        for layer in self.layers[self.start_layer : self.end_layer]:
+        whole = self.end_layer - self.start_layer == len(self.layers)
+        for layer in self.layers if whole else self.layers[self.start_layer : self.end_layer]:
             hidden, residual = layer(hidden, residual, ropes)
         if not self.is_last_stage:
             return {"hidden": hidden, "residual": residual}

@@ -148,9 +148,11 @@ static inline float group_scalar(const uint8_t* row, int64_t g, float* w) {
     std::memcpy(&qh, b + q5_qh_offset<QT>(), 4);
     const uint8_t* q = b + q5_qh_offset<QT>() + 4;
     const int sub = QT == Q5_0 ? 16 : 0;
-    for (int j = 0; j < 16; ++j) {
-      w[j] = d * static_cast<float>(((q[j] & 0x0f) | (((qh >> j) & 1u) << 4)) - sub);
-      w[j + 16] = d * static_cast<float>(((q[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4)) - sub);
+    for (int j = 0; j < 16; ++j) {  // the 5-bit levels as int (qh is unsigned: no wrap below 16)
+      const int lo = static_cast<int>((q[j] & 0x0f) | (((qh >> j) & 1u) << 4));
+      const int hi = static_cast<int>((q[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4));
+      w[j] = d * static_cast<float>(lo - sub);
+      w[j + 16] = d * static_cast<float>(hi - sub);
     }
     return QT == Q5_1 ? f16(b + 2) : 0.f;
   } else if constexpr (QT == Q8_0) {
