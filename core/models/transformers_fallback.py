@@ -18,7 +18,7 @@ compute_logits`), with whatever it does after the LM head (Cohere's ``logit_scal
 
 Limits, each a ``ValueError`` at start-up: one rank (``-tp 1 -pp 1``), unquantized weights, no
 LoRA, generation only (no ``--runner pooling``), every layer attention with one KV head count and
-head size, no attention logit soft-capping or sinks, and checkpoints whose tensor names are the
+head size, no attention sinks, and checkpoints whose tensor names are the
 transformers class's own (no weight conversion is applied).
 """
 
@@ -167,7 +167,8 @@ class TransformersForCausalLM(nn.Module):
             indices = list(range(num_layers))  # no usable layer_idx: the call order
         for call, index in zip(calls, indices):
             call.module.host_attention = Attention(
-                call.num_heads, call.head_size, call.num_kv_heads, call.scaling, index, attn_backend, call.sliding_window
+                call.num_heads, call.head_size, call.num_kv_heads, call.scaling, index, attn_backend, call.sliding_window,
+                logits_soft_cap=call.logits_soft_cap,
             )
         self.kv_heads_per_rank = kv_heads
         self.sliding_windows = {index: call.sliding_window for call, index in zip(calls, indices)}

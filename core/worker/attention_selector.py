@@ -29,15 +29,20 @@ def config_sliding_window(hf_config: Any) -> int | None:
 
 
 def attention_requirements(config: EngineConfig, platform: Any, hf_config: Any, dtype: torch.dtype) -> AttentionRequirements:
+    """What the model needs from a backend, read from its config. ``logits_soft_cap`` is the
+    config's ``attn_logit_softcapping`` (Gemma 2's; a backend that cannot soft-cap is then not a
+    candidate)."""
     head_size = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
     window = config_sliding_window(hf_config)
+    soft_cap = getattr(hf_config, "attn_logit_softcapping", None)
     return AttentionRequirements(
         device_type=platform.device_type,
         dtype=str(dtype).replace("torch.", ""),
         head_size=int(head_size),
         block_size=config.cache.block_size,
         kv_cache_dtype=config.cache.cache_dtype,
-        sliding_window=int(window) if window else None,
+        sliding_window=window,
+        logits_soft_cap=float(soft_cap) if soft_cap else None,
     )
 
 

@@ -195,20 +195,30 @@ class ModelRunner:
     def head_size(self) -> int:
         return head_size_of(self.hf_config)
 
+    def layer_sliding_windows(self) -> dict[int, int | None]:
+        """Each attention layer's sliding window (``None``: full attention), by global layer index,
+        as the model built it (its :class:`~host.core.models.attention_layer.Attention` modules:
+        Gemma's local and global layers differ); for a model without such modules, the config's
+        window for every layer."""
+        from host.core.models.attention_layer import Attention
+        from host.core.worker.attention_selector import config_sliding_window
+
+        layers = {m.layer_idx: m.sliding_window for m in self.model.modules() if isinstance(m, Attention)} if self.model is not None else {}
+        if layers:
+            return layers
+        window = config_sliding_window(self.hf_config)
+        return {idx: window for idx in self.kv_layers}
+
     def get_kv_cache_specs(self) -> list[Any]:
-        """One spec per attention layer of this worker's stage, in layer order: a
-        :class:`SlidingWindowSpec` where the model's attention layer has a ``sliding_window``
-        (per layer: models mix full and sliding layers), else a :class:`FullAttentionSpec`;
-        then a draft model's layers."""
+        """One spec per attention layer of this worker's stage: a ``SlidingWindowSpec`` for a
+        layer that attends within a window, a ``FullAttentionSpec`` for the others."""
         from host.core.kv_cache.spec import FullAttentionSpec, SlidingWindowSpec
 
+        windows = self.layer_sliding_windows()
         kv_dtype = str(self.kv_cache_dtype).removeprefix("torch.")
-        config_window = getattr(self.hf_config, "sliding_window", None) if getattr(self.hf_config, "use_sliding_window", False) else None
-        layers = self._attention_layers
         specs = []
-        for i in self.kv_layers:
-            layer = layers.get(i)
-            window = getattr(layer, "sliding_window", None) if layer is not None else config_window
+        for idx in self.kv_layers:
+            window = windows.get(idx)
             if window:
                 specs.append(SlidingWindowSpec(self.block_size, self.num_kv_heads, self.head_size, kv_dtype, sliding_window=int(window)))
             else:

@@ -11,7 +11,7 @@ All float32, OpenMP-parallel through ``at::parallel_for``:
   blocked layout of :func:`block_weight`, with AVX2 FMAs, near the machine's read bandwidth
   (about 20 GB/s against oneDNN's 13 GB/s over SmolLM2-135M's weights).
 - ``gguf_linear`` / ``int8_linear``: ``x @ dequantize(W)^T (+ b)`` straight from GGUF blocks
-  (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) or int8 rows with per-row scales, the weights dequantized in
+  (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K) or int8 rows with per-row scales, the weights dequantized in
   registers and the activations in float32 (``csrc/quant_linear.cpp``): up to 8 rows of ``x``
   stream each weight row once; more rows multiply panels of dequantized rows with ``at::mm``.
 - ``rms_norm`` and ``fused_add_rms_norm_`` (residual add and norm in one pass, in place),
@@ -248,7 +248,7 @@ def cpu_kernels() -> Any | None:
 
             _ensure_ninja_on_path()
             isa = isa_flags()
-            name = "host_cpu_kernels_v9"
+            name = "host_cpu_kernels_v10"
             build_directory = _get_build_directory(name, verbose=False)
             module = load(
                 name=name,

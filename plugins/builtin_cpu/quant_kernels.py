@@ -2,7 +2,7 @@
 
 When the compiled CPU kernels build, :func:`register_cpu_quant_kernels` (called by the CPU
 platform plugin's ``host_offer_kernels`` with the hook's ``register``) offers their
-``gguf_linear`` (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K blocks), ``gguf_linear_q8`` (the same blocks with
+``gguf_linear`` (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K blocks), ``gguf_linear_q8`` (the same blocks with
 the activations quantized to Q8 blocks of 32 on the fly: integer dot products with AVX2
 ``maddubs``/``madd``, or AVX-512 VNNI ``dpbusd`` when the build probe ran it) and ``int8_linear`` for device type
 ``"cpu"`` at priority 10, above the quantization plugin's torch references (registered under
@@ -27,7 +27,7 @@ logger = logging.getLogger("host.cpu")
 
 PRIORITY = 10
 # int(gguf.GGMLQuantizationType) -> values per block, for the types the compiled kernel reads
-GGUF_BLOCK_VALUES = {2: 32, 3: 32, 8: 32, 12: 256, 14: 256}
+GGUF_BLOCK_VALUES = {2: 32, 3: 32, 6: 32, 7: 32, 8: 32, 12: 256, 14: 256}
 
 
 def _fallback(op: str) -> Callable[..., Any]:

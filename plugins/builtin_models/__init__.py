@@ -17,6 +17,8 @@ ARCHITECTURES = {
     "MistralForCausalLM": "host.core.models.mistral:MistralForCausalLM",
     "MinistralForCausalLM": "host.core.models.mistral:MinistralForCausalLM",
     "Phi3ForCausalLM": "host.core.models.phi3:Phi3ForCausalLM",
+    "Gemma2ForCausalLM": "host.core.models.gemma:Gemma2ForCausalLM",
+    "Gemma3ForCausalLM": "host.core.models.gemma:Gemma3ForCausalLM",
     "BertModel": "host.core.models.bert:BertModel",  # an encoder: --runner pooling (docs/pooling.md)
 }
 

@@ -1,4 +1,4 @@
-"""``gguf``: weights kept in the GGUF block formats they are stored in (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K).
+"""``gguf``: weights kept in the GGUF block formats they are stored in (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K).
 
 Selected by default for a GGUF source (``--quantization none`` dequantizes instead). Every linear
 layer and the token embedding (the tied LM head with it) keep the file's blocks; tensors the file

@@ -1,4 +1,4 @@
-"""GGUF block formats in torch: dequantize Q4_0, Q4_1, Q8_0, Q4_K and Q6_K rows on any device.
+"""GGUF block formats in torch: dequantize Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K rows on any device.
 
 A quantized ``[N, K]`` weight is ``uint8 [N, row_bytes]``: each row holds ``K / block_size``
 blocks, stored as the .gguf file stores them. :func:`dequantize_rows` turns such rows back into
@@ -11,6 +11,9 @@ Block layouts (little-endian, ``d``/``dmin``/``m`` are float16):
 - Q4_0 (32 values, 18 bytes): ``d``, 16 bytes of nibbles; value ``(q - 8) * d``; the low nibbles
   are values 0-15, the high nibbles 16-31.
 - Q4_1 (32, 20): ``d``, ``m``, 16 bytes of nibbles; value ``q * d + m``.
+- Q5_0 (32, 22): ``d``, 4 bytes ``qh`` (a little-endian uint32), 16 bytes of nibbles; value ``i``
+  is its nibble (as Q4_0's) plus bit ``i`` of ``qh`` as bit 4, value ``(q - 16) * d``.
+- Q5_1 (32, 24): ``d``, ``m``, ``qh``, 16 bytes of nibbles; the same 5-bit ``q``, value ``q * d + m``.
 - Q8_0 (32, 34): ``d``, 32 int8; value ``q * d``.
 - Q4_K (256, 144): ``d``, ``dmin``, 12 bytes holding eight 6-bit scales and eight 6-bit mins,
   128 bytes of nibbles; sub-block ``j`` of 32 values is ``d * scale_j * q - dmin * min_j``.
@@ -24,7 +27,7 @@ import torch
 
 # the format table (gguf.GGMLQuantizationType ids, block geometry) is the SDK's, shared with the
 # platforms' kernels
-from host.sdk.gguf_formats import BF16, BLOCKS, F16, F32, NAMES, Q4_0, Q4_1, Q4_K, Q6_K, Q8_0  # noqa: F401
+from host.sdk.gguf_formats import BF16, BLOCKS, F16, F32, NAMES, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K, Q8_0  # noqa: F401
 
 
 def row_bytes(qtype: int, k: int) -> int:
@@ -51,6 +54,23 @@ def _q4_0(b: torch.Tensor) -> torch.Tensor:
 
 def _q4_1(b: torch.Tensor) -> torch.Tensor:
     return _nibbles(b[..., 4:20]).float() * _f16(b, 0) + _f16(b, 2)
+
+
+def _q5(b: torch.Tensor, qh_at: int) -> torch.Tensor:
+    """The 32 five-bit levels of Q5_0 / Q5_1 blocks whose ``qh`` starts at byte ``qh_at``."""
+    qh = b[..., qh_at : qh_at + 4].to(torch.int64)
+    bits = qh[..., 0] | (qh[..., 1] << 8) | (qh[..., 2] << 16) | (qh[..., 3] << 24)  # [...]
+    shifts = torch.arange(32, dtype=torch.int64, device=b.device)
+    high = ((bits.unsqueeze(-1) >> shifts) & 1) << 4  # bit i -> bit 4 of value i
+    return _nibbles(b[..., qh_at + 4 : qh_at + 20]).to(torch.int64) | high
+
+
+def _q5_0(b: torch.Tensor) -> torch.Tensor:
+    return (_q5(b, 2).float() - 16.0) * _f16(b, 0)
+
+
+def _q5_1(b: torch.Tensor) -> torch.Tensor:
+    return _q5(b, 4).float() * _f16(b, 0) + _f16(b, 2)
 
 
 def _q8_0(b: torch.Tensor) -> torch.Tensor:
@@ -88,7 +108,7 @@ def _q6_k(b: torch.Tensor) -> torch.Tensor:
     return (d * scale * q).flatten(-3)
 
 
-_DEQUANT = {Q4_0: _q4_0, Q4_1: _q4_1, Q8_0: _q8_0, Q4_K: _q4_k, Q6_K: _q6_k}
+_DEQUANT = {Q4_0: _q4_0, Q4_1: _q4_1, Q5_0: _q5_0, Q5_1: _q5_1, Q8_0: _q8_0, Q4_K: _q4_k, Q6_K: _q6_k}
 
 
 def dequantize_rows(qweight: torch.Tensor, qtype: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -62,6 +62,33 @@ def quantize_kv(x: torch.Tensor, scale: float) -> torch.Tensor:
     return x.clamp_(-_FP8_MAX, _FP8_MAX).to(torch.float8_e4m3fn)
 
 
+def softcapped_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float, cap: float,
+    is_causal: bool = False,
+) -> torch.Tensor:
+    """``scaled_dot_product_attention`` with tanh soft-capping of the logits (Gemma 2), which the
+    fused kernel cannot do: ``softmax(cap * tanh(scale * q k^T / cap) + mask) v``, the logits and
+    the softmax in float32 (the probabilities cast back to ``v``'s dtype before the product, as
+    the Hugging Face reference does). ``q`` ``[..., heads, Lq, D]``; ``k``/``v`` ``[..., kv_heads,
+    Lk, D]`` with ``heads`` a multiple of ``kv_heads`` (grouped-query heads are repeated);
+    ``mask`` additive, broadcastable to the logits, or ``None``; ``is_causal``: SDPA's causal mask
+    (query row ``i`` sees keys ``0..i``; fresh prompts, where the two lengths are equal)."""
+    rep = q.shape[-3] // k.shape[-3]
+    if rep > 1:
+        k = k.repeat_interleave(rep, dim=-3)
+        v = v.repeat_interleave(rep, dim=-3)
+    logits = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+    logits = torch.tanh(logits / cap) * cap
+    if is_causal:
+        lq, lk = logits.shape[-2], logits.shape[-1]
+        future = torch.ones(lq, lk, dtype=torch.bool, device=q.device).triu(1)
+        logits = logits.masked_fill(future, float("-inf"))
+    if mask is not None:
+        logits = logits + mask.float()
+    probs = torch.softmax(logits, dim=-1).to(v.dtype)
+    return torch.matmul(probs, v)
+
+
 def dequantize_kv(pages: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
     """fp8 ``pages`` back in ``dtype``: ``pages.to(dtype) * scale`` (exact for bfloat16 and
     float32 at scale 1: every e4m3 value is representable in both)."""
@@ -72,12 +99,23 @@ def dequantize_kv(pages: torch.Tensor, scale: float, dtype: torch.dtype) -> torc
 class TorchPagedAttentionImpl(AttentionImpl):
     """Writes K/V through the slot mapping, then runs one fused attention call per group.
 
+    With ``logits_soft_cap`` set the call is :func:`softcapped_attention` (the logits soft-capped
+    before the mask; the same grouping, masks and folding) instead of the fused SDPA kernel.
+
     ``k_scale`` / ``v_scale`` are this layer's fp8 scales (used only when the cache is fp8):
     1.0 unless set before the first step, and never changed afterwards (pages already written,
     prefix-cached ones included, are read with the same scale)."""
 
     k_scale: float = 1.0
     v_scale: float = 1.0
+    supports_logits_soft_cap = True
+
+    def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
+              is_causal: bool = False, enable_gqa: bool = False) -> torch.Tensor:
+        """One attention call over a group: the fused SDPA kernel, or the soft-capped reference."""
+        if self.logits_soft_cap is not None:
+            return softcapped_attention(q, k, v, mask, self.scale, self.logits_soft_cap, is_causal=is_causal)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=self.scale, enable_gqa=enable_gqa)
 
     def forward(
         self,
@@ -159,22 +197,18 @@ class TorchPagedAttentionImpl(AttentionImpl):
 
         # 3. one fused call (float32 softmax and accumulation inside the kernel)
         if g.use_is_causal and self.sliding_window is None:
-            out = F.scaled_dot_product_attention(
-                q.transpose(1, 2), k, v, is_causal=True, scale=self.scale, enable_gqa=rep > 1
-            )
+            out = self._sdpa(q.transpose(1, 2), k, v, is_causal=True, enable_gqa=rep > 1)
             out = out.transpose(1, 2)  # [n, mq, heads, hd]
         elif mq <= _FOLD_MAX_QUERY_LEN:
             # Decode-like: the `rep` query heads sharing a KV head become extra query rows of
             # that head, so each KV page is streamed once per KV head with rep * mq rows.
             q = q.view(n, mq, kv_heads, rep, hd).permute(0, 2, 1, 3, 4).reshape(n, kv_heads, mq * rep, hd)
             mask = g.on(("mask", self.sliding_window, q.dtype, rep), g.mask(self.sliding_window, q.dtype, rep), dev)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
+            out = self._sdpa(q, k, v, mask)
             out = out.view(n, kv_heads, mq, rep, hd).permute(0, 2, 1, 3, 4)  # [n, mq, kv, rep, hd]
         else:
             mask = g.on(("mask", self.sliding_window, q.dtype, 1), g.mask(self.sliding_window, q.dtype, 1), dev)
-            out = F.scaled_dot_product_attention(
-                q.transpose(1, 2), k, v, attn_mask=mask, scale=self.scale, enable_gqa=rep > 1
-            )
+            out = self._sdpa(q.transpose(1, 2), k, v, mask, enable_gqa=rep > 1)
             out = out.transpose(1, 2)
         out = out.reshape(n * mq, heads, hd)
 
@@ -191,8 +225,9 @@ class TorchPagedAttentionBackend(AttentionBackend):
     """``torch_paged``: the paged backend in plain torch (gathered pages + SDPA), for any
     device — the fallback a GPU platform lists after its kernels, for shapes they refuse.
 
-    Any positive block size works (``MultipleOf(1)``). Supports sliding windows, prefix caching
-    (context already in the cache) and mixed prefill/decode batches. The per-layer cache is
+    Any positive block size works (``MultipleOf(1)``). Supports sliding windows, attention logit
+    soft-capping, prefix caching (context already in the cache) and mixed prefill/decode batches.
+    The per-layer cache is
     ``(2, num_blocks, block_size, num_kv_heads, head_size)``, in the model dtype or, with
     ``--kv-cache-dtype fp8``, float8_e4m3fn (torch converts in software: any device).
     """
@@ -204,6 +239,7 @@ class TorchPagedAttentionBackend(AttentionBackend):
     supported_head_sizes: ClassVar[tuple[int, ...] | None] = None
     block_size_constraint: ClassVar[MultipleOf] = MultipleOf(1)
     supports_sliding_window: ClassVar[bool] = True
+    supports_logits_soft_cap: ClassVar[bool] = True
     supports_prefix_caching: ClassVar[bool] = True
     supports_mixed_batches: ClassVar[bool] = True
 

@@ -3,7 +3,8 @@
 ``plugins/quantization/``).
 
 - :func:`gguf_linear` ``(x [M, K], qweight uint8 [N, row_bytes], qtype, bias) -> [M, N]``:
-  ``x @ dequantize(qweight)^T + bias`` for GGUF Q4_0, Q4_1, Q8_0, Q4_K and Q6_K rows, stored
+  ``x @ dequantize(qweight)^T + bias`` for GGUF Q4_0, Q4_1, Q8_0, Q4_K and Q6_K rows (Q5_0 and Q5_1
+  go to the torch reference), stored
   exactly as the .gguf file stores them. Weights are dequantized in registers a scale group at
   a time (32 values, 16 for Q6_K): the group's scale and offset are decoded once (float16s
   assembled from two bytes, so no alignment is assumed), each value's nibble or byte unpacked
@@ -49,6 +50,10 @@ except ImportError:  # pragma: no cover - triton ships with torch on Linux x86_6
 from host.sdk.gguf_formats import BLOCKS as GGUF_BLOCKS
 from host.sdk.gguf_formats import NAMES as GGUF_NAMES
 from host.sdk.gguf_formats import Q4_0, Q4_1, Q4_K, Q6_K, Q8_0  # noqa: F401
+
+TRITON_GGUF_QTYPES = (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K)
+"""The GGUF formats the Triton kernel decodes; :func:`gguf_linear` hands the other kept formats
+(Q5_0, Q5_1) to the device-independent torch reference in the kernel table."""
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 # Launch shapes (first choices, not tuned on a GPU yet: bench/gpu_check.sh quant prints the figures
@@ -374,6 +379,10 @@ def gguf_linear(
     of GGUF blocks of type ``qtype`` (``int(gguf.GGMLQuantizationType.X)``). ``split_k`` forces
     the GEMV launch's K split (tests); by default it is chosen to fill the GPU."""
     qtype = int(qtype)
+    if qtype in GGUF_BLOCKS and qtype not in TRITON_GGUF_QTYPES:
+        from host.sdk.kernels import ANY_DEVICE, kernel_entry
+
+        return kernel_entry("gguf_linear", ANY_DEVICE).impl(x, qweight, qtype, bias)
     if qtype not in GGUF_BLOCKS:
         raise ValueError(
             f"gguf_linear: GGUF quantization type {qtype} has no Triton kernel; supported: "

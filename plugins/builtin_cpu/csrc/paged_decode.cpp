@@ -5,10 +5,11 @@
 // q: [R, H, D] float32 contiguous; k_cache / v_cache: [num_blocks, block_size, KVH, D] views
 // (last dim contiguous); block_table: [R, max_blocks] int32; seq_lens: [R] int32.
 // Request r attends its last query token (position seq_lens[r]-1) to positions
-// [max(0, seq_lens[r]-window), seq_lens[r]) (window <= 0: no window).
+// [max(0, seq_lens[r]-window), seq_lens[r]) (window <= 0: no window). softcap > 0 soft-caps each
+// scaled logit s to softcap * tanh(s / softcap) before the softmax (Gemma 2); softcap <= 0: off.
 torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                            torch::Tensor block_table, torch::Tensor seq_lens, double scale,
-                           int64_t window) {
+                           int64_t window, double softcap) {
   TORCH_CHECK(q.scalar_type() == torch::kFloat32 && k_cache.scalar_type() == torch::kFloat32 &&
               v_cache.scalar_type() == torch::kFloat32, "paged_decode: float32 only");
   TORCH_CHECK(block_table.scalar_type() == torch::kInt32 && seq_lens.scalar_type() == torch::kInt32,
@@ -29,6 +30,7 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
   const int32_t* sl = seq_lens.data_ptr<int32_t>();
   float* op = out.data_ptr<float>();
   const float fscale = static_cast<float>(scale);
+  const float cap = static_cast<float>(softcap), inv_cap = softcap > 0 ? static_cast<float>(1.0 / softcap) : 0.f;
   [[maybe_unused]] const bool wide = D % 16 == 0;  // the AVX-512 loops (where built) take head sizes in 16s
 
   // Work items are (request, KV head, span of positions). When there are fewer (request, KV
@@ -78,6 +80,9 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
         const int64_t blk = bt[it.r * MB + t / BS];
         const float* kt = kp + blk * ks0 + (t % BS) * ks1 + it.h * ks2;
         for (int64_t j = 0; j < rep; ++j) scores[j * n + (t - it.t0)] = dot(qh + j * D, kt, D) * fscale;
+      }
+      if (cap > 0.f) {  // soft-capping: the scaled logits through cap * tanh(s / cap)
+        for (int64_t i = 0; i < rep * n; ++i) scores[i] = cap * std::tanh(scores[i] * inv_cap);
       }
       for (int64_t j = 0; j < rep; ++j) {
         float* sj = scores.data() + j * n;

@@ -5,12 +5,15 @@
 // weight is K / block_size consecutive blocks):
 //   Q4_0 (2):  32 values, 18 bytes: fp16 d, 16 bytes of nibbles; v = d * (q - 8)
 //   Q4_1 (3):  32 values, 20 bytes: fp16 d, fp16 m, 16 bytes of nibbles; v = d * q + m
+//   Q5_0 (6):  32 values, 22 bytes: fp16 d, 4 bytes qh, 16 bytes of nibbles; v = d * (q - 16)
+//   Q5_1 (7):  32 values, 24 bytes: fp16 d, fp16 m, 4 bytes qh, 16 bytes of nibbles; v = d * q + m
 //   Q8_0 (8):  32 values, 34 bytes: fp16 d, 32 int8; v = d * q
 //   Q4_K (12): 256 values, 144 bytes: fp16 d, fp16 dmin, 12 bytes of 6-bit (scale, min) pairs for
 //              8 groups of 32, 128 bytes of nibbles; v = d * sc_g * q - dmin * m_g
 //   Q6_K (14): 256 values, 210 bytes: 128 bytes low nibbles, 64 bytes of 2-bit highs, 16 int8
 //              scales (one per 16 values), fp16 d; v = d * sc * (q - 32)
-// In both nibble formats of 32 values, byte j holds value j (low nibble) and value j + 16 (high).
+// In the nibble formats of 32 values, byte j holds value j (low nibble) and value j + 16 (high);
+// the 5-bit formats add bit i of the little-endian 32-bit qh as bit 4 of value i.
 //
 // Every format is read in groups of 32 values. The AVX2 and scalar kernels turn group g of a row
 // into 32 floats w (already multiplied by the group's scale) and an offset b with value = w + b,
@@ -41,7 +44,15 @@ constexpr int64_t ROWS_MAX_M = SMALL_M;
 constexpr int64_t ROWS_TILE = 64;
 constexpr int64_t PREFETCH_ROWS = 4;  // how far ahead the small-M path prefetches weight rows
 
-enum QType : int64_t { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14, INT8 = -1 };
+enum QType : int64_t { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q6_K = 14, INT8 = -1 };
+
+// the 5-bit formats: bytes per block and the offset of qh (the nibbles follow it)
+template <int64_t QT>
+constexpr bool is_q5() { return QT == Q5_0 || QT == Q5_1; }
+template <int64_t QT>
+constexpr int64_t q5_block_bytes() { return QT == Q5_0 ? 22 : 24; }
+template <int64_t QT>
+constexpr int64_t q5_qh_offset() { return QT == Q5_0 ? 2 : 4; }
 
 // f(std::integral_constant<int, r>) for a runtime r in 1..SMALL_M: the small-M paths dot all the
 // rows of x with a weight row in one pass (5 rows: one read and dequantization of each group, not
@@ -93,13 +104,15 @@ static inline void block_shape(int64_t qtype, int64_t& values, int64_t& bytes) {
   switch (qtype) {
     case Q4_0: values = 32; bytes = 18; return;
     case Q4_1: values = 32; bytes = 20; return;
+    case Q5_0: values = 32; bytes = 22; return;
+    case Q5_1: values = 32; bytes = 24; return;
     case Q8_0: values = 32; bytes = 34; return;
     case Q4_K: values = 256; bytes = 144; return;
     case Q6_K: values = 256; bytes = 210; return;
     case INT8: values = 32; bytes = 32; return;
     default:
       TORCH_CHECK(false, "gguf_linear: qtype ", qtype,
-                  " is not one of the CPU kernel's formats: Q4_0 (2), Q4_1 (3), Q8_0 (8), Q4_K (12), Q6_K (14)");
+                  " is not one of the CPU kernel's formats: Q4_0 (2), Q4_1 (3), Q5_0 (6), Q5_1 (7), Q8_0 (8), Q4_K (12), Q6_K (14)");
   }
 }
 
@@ -128,6 +141,20 @@ static inline float group_scalar(const uint8_t* row, int64_t g, float* w) {
       w[j + 16] = d * static_cast<float>((q[j] >> 4) - sub);
     }
     return QT == Q4_1 ? f16(b + 2) : 0.f;
+  } else if constexpr (is_q5<QT>()) {
+    const uint8_t* b = row + g * q5_block_bytes<QT>();
+    const float d = f16(b);
+    uint32_t qh;
+    std::memcpy(&qh, b + q5_qh_offset<QT>(), 4);
+    const uint8_t* q = b + q5_qh_offset<QT>() + 4;
+    const int sub = QT == Q5_0 ? 16 : 0;
+    for (int j = 0; j < 16; ++j) {  // the 5-bit levels as int (qh is unsigned: no wrap below 16)
+      const int lo = static_cast<int>((q[j] & 0x0f) | (((qh >> j) & 1u) << 4));
+      const int hi = static_cast<int>((q[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4));
+      w[j] = d * static_cast<float>(lo - sub);
+      w[j + 16] = d * static_cast<float>(hi - sub);
+    }
+    return QT == Q5_1 ? f16(b + 2) : 0.f;
   } else if constexpr (QT == Q8_0) {
     const uint8_t* b = row + g * 34;
     const float d = f16(b);
@@ -194,6 +221,26 @@ static inline __m256i q6k_levels(const uint8_t* row, int64_t g) {
   return _mm256_sub_epi8(_mm256_or_si256(ql, qh), _mm256_set1_epi8(32));
 }
 
+// group g of a Q5_0 / Q5_1 row -> its 32 unsigned 5-bit levels as bytes, in value order: the
+// nibbles (low ones: values 0-15, high ones: 16-31) or'ed with bit i of qh moved to bit 4 of byte i
+template <int64_t QT>
+static inline __m256i q5_levels(const uint8_t* row, int64_t g) {
+  const uint8_t* b = row + g * q5_block_bytes<QT>();
+  int32_t qh;
+  std::memcpy(&qh, b + q5_qh_offset<QT>(), 4);
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + q5_qh_offset<QT>() + 4));
+  const __m128i m = _mm_set1_epi8(0x0f);
+  const __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m), _mm_and_si128(q, m));
+  // byte i <- byte i / 8 of qh (every 32-bit lane holds qh, so the in-lane shuffle finds it),
+  // then tested against its own bit i % 8
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(qh), _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                               2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+  const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+  return _mm256_or_si256(nib, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+}
+
 // ---- AVX2 group decoders: group g of a row -> w[4] (8 floats each) holding the integer
 // levels, and their scales: value = w[i] * (i < 2 ? d0 : d1) + b; returns b ----
 template <int64_t QT, bool S = true>
@@ -209,6 +256,17 @@ static inline float group_avx2(const uint8_t* row, int64_t g, __m256* w, float& 
     if constexpr (!S) return 0.f;
     d0 = d1 = f16(b);
     return QT == Q4_1 ? f16(b + 2) : -8.f * d0;
+  } else if constexpr (is_q5<QT>()) {
+    const __m256i q = q5_levels<QT>(row, g);
+    const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+    w[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+    w[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+    w[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+    w[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+    if constexpr (!S) return 0.f;
+    const uint8_t* b = row + g * q5_block_bytes<QT>();
+    d0 = d1 = f16(b);
+    return QT == Q5_1 ? f16(b + 2) : -16.f * d0;
   } else if constexpr (QT == Q8_0 || QT == INT8) {
     const uint8_t* q = QT == Q8_0 ? row + g * 34 + 2 : row + g * 32;
     for (int i = 0; i < 4; ++i)
@@ -267,7 +325,7 @@ static inline void pass_groups(int64_t n, Step&& step) {
 }
 
 template <int64_t QT>
-constexpr bool has_offset() { return QT == Q4_0 || QT == Q4_1 || QT == Q4_K; }
+constexpr bool has_offset() { return QT == Q4_0 || QT == Q4_1 || QT == Q5_0 || QT == Q5_1 || QT == Q4_K; }
 
 #ifdef HOST_QAVX2
 // The offset terms of MT rows of x, offset_g * (sum of row m over group g), accumulated beside
@@ -318,6 +376,13 @@ __attribute__((always_inline)) static inline void group512(const uint8_t* row, i
     const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + (QT == Q4_0 ? 2 : 4))));
     w0 = _mm512_permutexvar_ps(q, table);                         // low nibbles: values 0..15
     w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table);   // high nibbles: values 16..31
+  } else if constexpr (is_q5<QT>()) {  // Q5_0: (q - 16) * d; Q5_1: q * d + m (32 levels: no table)
+    const uint8_t* b = row + g * q5_block_bytes<QT>();
+    const __m256i q = q5_levels<QT>(row, g);
+    const float d = f16(b);
+    const __m512 vd = _mm512_set1_ps(d), off = _mm512_set1_ps(QT == Q5_1 ? f16(b + 2) : -16.f * d);
+    w0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(q))), vd, off);
+    w1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(q, 1))), vd, off);
   } else if constexpr (QT == Q8_0 || QT == INT8) {  // INT8: its per-row scale is applied to the dot product
     const uint8_t* q = QT == Q8_0 ? row + g * 34 + 2 : row + g * 32;
     w0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q))));
@@ -394,8 +459,12 @@ __attribute__((always_inline)) static inline void row_dot512(const uint8_t* row,
 // block's own halves in one instruction where the format allows.
 template <int64_t QT>
 static inline __m128 group_scales_avx2(const uint8_t* row, int64_t g) {
-  if constexpr (QT == Q4_1) {
-    return _mm_cvtph_ps(_mm_cvtsi32_si128(*reinterpret_cast<const int32_t*>(row + g * 20)));  // [d, m, 0, 0]
+  if constexpr (QT == Q4_1 || QT == Q5_1) {
+    const int64_t bytes = QT == Q4_1 ? 20 : 24;
+    return _mm_cvtph_ps(_mm_cvtsi32_si128(*reinterpret_cast<const int32_t*>(row + g * bytes)));  // [d, m, 0, 0]
+  } else if constexpr (QT == Q5_0) {
+    const __m128 d = _mm_cvtph_ps(_mm_cvtsi32_si128(*reinterpret_cast<const uint16_t*>(row + g * 22)));
+    return _mm_mul_ps(_mm_moveldup_ps(d), _mm_setr_ps(1.f, -16.f, 0.f, 0.f));  // [d, -16d]
   } else if constexpr (QT == Q4_0 || QT == Q8_0) {
     const __m128 d = _mm_cvtph_ps(_mm_cvtsi32_si128(*reinterpret_cast<const uint16_t*>(row + g * (QT == Q4_0 ? 18 : 34))));
     return QT == Q4_0 ? _mm_mul_ps(_mm_moveldup_ps(d), _mm_setr_ps(1.f, -8.f, 0.f, 0.f)) : d;  // [d, -8d] / [d, 0]
@@ -603,6 +672,8 @@ static void dispatch_into(int64_t qtype, const float* x, int64_t M, int64_t xs, 
   switch (qtype) {
     case Q4_0: return gemm_into<Q4_0>(x, M, xs, K, w, N, row_bytes, row_scale, bias, y, ldy, col0);
     case Q4_1: return gemm_into<Q4_1>(x, M, xs, K, w, N, row_bytes, row_scale, bias, y, ldy, col0);
+    case Q5_0: return gemm_into<Q5_0>(x, M, xs, K, w, N, row_bytes, row_scale, bias, y, ldy, col0);
+    case Q5_1: return gemm_into<Q5_1>(x, M, xs, K, w, N, row_bytes, row_scale, bias, y, ldy, col0);
     case Q8_0: return gemm_into<Q8_0>(x, M, xs, K, w, N, row_bytes, row_scale, bias, y, ldy, col0);
     case Q4_K: return gemm_into<Q4_K>(x, M, xs, K, w, N, row_bytes, row_scale, bias, y, ldy, col0);
     case Q6_K: return gemm_into<Q6_K>(x, M, xs, K, w, N, row_bytes, row_scale, bias, y, ldy, col0);
@@ -658,7 +729,7 @@ void gguf_shards_into(const torch::Tensor& x, const std::vector<torch::Tensor>& 
 // (llama.cpp's Q8_0 / Q8_1 activations, the scale kept in float32):
 //   amax = max |x| over the block, d = amax / 127, id = d > 0 ? 1 / d : 0, q = rint(x * id)
 //   (round to nearest, ties to even), s = d * sum(q) (the block sum, for formats with an offset).
-// A weight group of 32 integer levels l (unsigned for Q4_0 / Q4_1 / Q4_K, signed for Q8_0 and
+// A weight group of 32 integer levels l (unsigned for Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q4_K, signed for Q8_0 and
 // Q6_K, whose level is q - 32) with scale dw and offset bw (value = l * dw + bw) dots such a
 // block as dw * d * sum(l * q) + bw * s: the integer sum with _mm256_maddubs_epi16 (unsigned x
 // signed bytes; signed levels by the sign trick |l| x sign(q, l)) and _mm256_madd_epi16, or one
@@ -735,6 +806,8 @@ static inline __m256i group_levels(const uint8_t* row, int64_t g) {
     const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + g * (QT == Q4_0 ? 18 : 20) + (QT == Q4_0 ? 2 : 4)));
     const __m128i m = _mm_set1_epi8(0x0f);
     return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m), _mm_and_si128(q, m));
+  } else if constexpr (is_q5<QT>()) {
+    return q5_levels<QT>(row, g);
   } else if constexpr (QT == Q8_0 || QT == INT8) {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(QT == Q8_0 ? row + g * 34 + 2 : row + g * 32));
   } else if constexpr (QT == Q4_K) {
@@ -861,6 +934,8 @@ static void dispatch_q8_into(int64_t qtype, const Q8Rows& xr, const uint8_t* w, 
   switch (qtype) {
     case Q4_0: return gemm_q8_into<Q4_0>(xr, w, N, row_bytes, row_scale, bias, y, ldy, col0);
     case Q4_1: return gemm_q8_into<Q4_1>(xr, w, N, row_bytes, row_scale, bias, y, ldy, col0);
+    case Q5_0: return gemm_q8_into<Q5_0>(xr, w, N, row_bytes, row_scale, bias, y, ldy, col0);
+    case Q5_1: return gemm_q8_into<Q5_1>(xr, w, N, row_bytes, row_scale, bias, y, ldy, col0);
     case Q8_0: return gemm_q8_into<Q8_0>(xr, w, N, row_bytes, row_scale, bias, y, ldy, col0);
     case Q4_K: return gemm_q8_into<Q4_K>(xr, w, N, row_bytes, row_scale, bias, y, ldy, col0);
     case Q6_K: return gemm_q8_into<Q6_K>(xr, w, N, row_bytes, row_scale, bias, y, ldy, col0);

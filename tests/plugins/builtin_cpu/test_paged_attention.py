@@ -85,8 +85,9 @@ def make_batch(
     return Batch(common, kv_cache, torch.cat(qs), torch.cat(ks), torch.cat(vs), full_k, full_v, queries, [c for c, _ in shapes])
 
 
-def dense_reference(batch: Batch, scale: float, sliding_window: int | None = None) -> torch.Tensor:
-    """Plain float64 causal attention, request by request, over the unpaged sequences."""
+def dense_reference(batch: Batch, scale: float, sliding_window: int | None = None, soft_cap: float | None = None) -> torch.Tensor:
+    """Plain float64 causal attention, request by request, over the unpaged sequences (logits
+    soft-capped to ``soft_cap * tanh(logit / soft_cap)`` when given)."""
     outs = []
     rep = HEADS // KV_HEADS
     for q, k, v, ctx in zip(batch.queries, batch.full_k, batch.full_v, batch.context_lens):
@@ -97,6 +98,8 @@ def dense_reference(batch: Batch, scale: float, sliding_window: int | None = Non
         if sliding_window is not None:
             allowed &= kpos[None, :] > qpos[:, None] - sliding_window
         scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+        if soft_cap is not None:
+            scores = torch.tanh(scores / soft_cap) * soft_cap
         scores = scores.masked_fill(~allowed, float("-inf"))
         outs.append(torch.einsum("hqk,khd->qhd", scores.softmax(-1), v))
     return torch.cat(outs)
@@ -317,7 +320,7 @@ def test_compiled_decode_kernel_head_sizes(head_size) -> None:
     table = torch.randperm(blocks - 1, generator=gen)[: reqs * 3].add(1).view(reqs, 3).to(torch.int32)
     lens = torch.tensor([length, 17, 1], dtype=torch.int32)
     q = torch.randn(reqs, heads, head_size, generator=gen)
-    out = k.paged_decode(q, kc, vc, table, lens, 0.1, 0)
+    out = k.paged_decode(q, kc, vc, table, lens, 0.1, 0, 0.0)
     for r in range(reqs):
         n = int(lens[r])
         keys = kc[table[r].long()].reshape(-1, kv_heads, head_size)[:n].double()
@@ -326,3 +329,44 @@ def test_compiled_decode_kernel_head_sizes(head_size) -> None:
             kvh = h // (heads // kv_heads)
             p = torch.softmax(keys[:, kvh] @ q[r, h].double() * 0.1, dim=0)
             torch.testing.assert_close(out[r, h].double(), p @ vals[:, kvh], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("window", [None, 7])
+def test_logit_soft_capping_in_the_compiled_kernel_and_the_torch_path(window) -> None:
+    """``logits_soft_cap`` (Gemma 2): decode rows through the compiled kernel, prefills, chunks
+    and a fresh equal-length prompt pair (the ``is_causal`` group) through torch; all equal the
+    dense soft-capped reference, which differs visibly from the uncapped one at this cap."""
+    from host.plugins.builtin_cpu.kernels import paged_decode_kernel
+
+    kernel = paged_decode_kernel()
+    assert kernel is not None
+    cap, scale = 0.5, 1 / math.sqrt(HEAD_SIZE)
+    for layout in (MIXED, [(0, 9), (0, 9)]):
+        batch = make_batch(layout, 4)
+        ref = dense_reference(batch, scale, sliding_window=window, soft_cap=cap)
+        assert (ref - dense_reference(batch, scale, sliding_window=window)).abs().max() > 1e-2
+        md = TorchPagedAttentionMetadataBuilder(CpuPagedAttentionBackend, "cpu").build(batch.common)
+        impl = CpuPagedAttentionBackend.get_impl_cls()(HEADS, HEAD_SIZE, scale, KV_HEADS, window, logits_soft_cap=cap)
+        calls = []
+        impl._decode_kernel = lambda *a: calls.append(a[-1]) or kernel(*a)
+        out = impl.forward(batch.query, batch.key, batch.value, batch.kv_cache.clone(), md)
+        torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+        assert calls == ([cap] if layout is MIXED else []), "decode rows go through the kernel, with the cap"
+        impl._decode_kernel = None
+        out_torch = impl.forward(batch.query, batch.key, batch.value, batch.kv_cache.clone(), md)
+        torch.testing.assert_close(out_torch.double(), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_backends_that_cannot_soft_cap_refuse_it() -> None:
+    """The capability is declared (selection skips a backend without it) and an impl without it
+    refuses the layer at construction, naming the fix."""
+    from host.plugins.triton_ops.attention import TritonPagedAttentionBackend, TritonPagedAttentionImpl
+
+    req = AttentionRequirements("cpu", "float32", 64, 16, logits_soft_cap=50.0)
+    assert CpuPagedAttentionBackend.supports_combination(req) is None
+    gpu = AttentionRequirements("cuda", "bfloat16", 64, 16, logits_soft_cap=50.0)
+    assert "soft-capping is not supported" in TritonPagedAttentionBackend.supports_combination(gpu)
+    with pytest.raises(ValueError, match="cannot soft-cap attention logits.*torch_paged"):
+        TritonPagedAttentionImpl(8, 64, 0.125, 2, None, logits_soft_cap=50.0)
+    with pytest.raises(ValueError, match="logits_soft_cap=-1.0 must be a positive number"):
+        CpuPagedAttentionBackend.get_impl_cls()(8, 64, 0.125, 2, None, logits_soft_cap=-1.0)

@@ -32,7 +32,7 @@ from helpers import check_fused_decode
 from host.plugins.builtin_cpu.kernels import cpu_kernels
 from host.plugins.quantization import ops
 
-FORMATS = [QT.Q4_0, QT.Q4_1, QT.Q8_0, QT.Q4_K, QT.Q6_K]
+FORMATS = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q4_K, QT.Q6_K]
 
 
 @functools.lru_cache(maxsize=None)

@@ -2,7 +2,7 @@
 ``gguf`` package's own dequantization and a float64 matmul, their place in the kernel table, and
 the one-call decode step over quantized layers against the layer-by-layer model.
 
-Weights of Q4_0, Q4_1 and Q8_0 are quantized with ``gguf.quants.quantize``; the package cannot
+Weights of Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 are quantized with ``gguf.quants.quantize``; the package cannot
 quantize Q4_K and Q6_K, so those are random valid blocks (random bytes with small fp16 scales).
 """
 
@@ -21,7 +21,7 @@ from torch import nn
 from helpers import check_fused_decode
 from host.plugins.builtin_cpu.kernels import cpu_kernels
 
-FORMATS = [QT.Q4_0, QT.Q4_1, QT.Q8_0, QT.Q4_K, QT.Q6_K]
+FORMATS = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q4_K, QT.Q6_K]
 
 
 @pytest.fixture(scope="module")
@@ -117,8 +117,8 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it(k, qtype):
 
 def test_gguf_linear_names_bad_inputs(k):
     blocks, _ = weight_case(QT.Q4_1, 37, 1536)
-    with pytest.raises(RuntimeError, match=r"qtype 6 is not one of .*Q4_0 \(2\)"):
-        k.gguf_linear(torch.randn(1, 1536), blocks, 6, None)
+    with pytest.raises(RuntimeError, match=r"qtype 10 is not one of .*Q4_0 \(2\)"):
+        k.gguf_linear(torch.randn(1, 1536), blocks, 10, None)
     with pytest.raises(RuntimeError, match="1536 columns"):
         k.gguf_linear(torch.randn(1, 1536), blocks[:, :-20], int(QT.Q4_1), None)
     with pytest.raises(RuntimeError, match="bias has 5 values for 37"):
@@ -235,7 +235,7 @@ def test_fused_decode_over_quantized_layers_matches_layer_by_layer(tiny_checkpoi
     plans = [  # per layer: (qkv shards' types, o, gate_up, down); None: int8
         ([QT.Q4_K, QT.Q6_K, QT.Q8_0], [QT.Q4_0], [QT.Q4_1, QT.Q4_1], [QT.Q6_K]),
         (None, None, None, None),
-        ([QT.Q8_0, QT.Q4_1, QT.Q4_0], [QT.Q4_K], [QT.Q6_K, QT.Q4_K], [QT.Q8_0]),
+        ([QT.Q8_0, QT.Q5_0, QT.Q4_0], [QT.Q4_K], [QT.Q5_1, QT.Q5_0], [QT.Q8_0]),
     ]
     for li, (layer, plan) in enumerate(zip(decoder.layers, plans)):
         attn, mlp = layer.self_attn, layer.mlp
@@ -268,8 +268,8 @@ def test_fused_decode_declines_quantized_layers_it_cannot_run():
                 setattr(self, key, value)
 
     assert "fp8" in _quant_reason(Layer(scheme="fp8"))
-    q5 = Layer(scheme="gguf", qweights=[torch.zeros(4, 44, dtype=torch.uint8)], qtypes=[int(QT.Q5_0)])
-    assert "GGUF type 6 has no CPU kernel" in _quant_reason(q5)
+    q5k = Layer(scheme="gguf", qweights=[torch.zeros(4, 176, dtype=torch.uint8)], qtypes=[int(QT.Q5_K)])
+    assert "GGUF type 13 has no CPU kernel" in _quant_reason(q5k)
     ok = Layer(scheme="gguf", qweights=[torch.zeros(4, 40, dtype=torch.uint8)], qtypes=[int(QT.Q4_1)])
     assert _quant_reason(ok) is None
 

@@ -289,3 +289,16 @@ def test_the_kernels_compile_for_hopper(tmp_path):
     env["TRITON_CACHE_DIR"] = str(tmp_path)
     done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_HOPPER], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("qtype", [6, 7], ids=["Q5_0", "Q5_1"])
+def test_gguf_linear_hands_formats_without_a_triton_kernel_to_the_torch_reference(qtype):
+    """Q5_0 / Q5_1 (kept quantized by the gguf method) have no Triton kernel: the reference
+    computes them, equal to ``gguf.quants.dequantize`` (not an error)."""
+    assert qtype in ql.GGUF_BLOCKS and qtype not in ql.TRITON_GGUF_QTYPES
+    rng = np.random.default_rng(qtype)
+    rows = gguf_quants.quantize(rng.standard_normal((64, 256)).astype(np.float32), qtype)
+    w = torch.from_numpy(gguf_quants.dequantize(rows, qtype)).double()
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(qtype))
+    y = ql.gguf_linear(x.to(DEV), torch.from_numpy(rows).to(DEV), qtype, None)
+    assert_close_to(y, x.double() @ w.T)
