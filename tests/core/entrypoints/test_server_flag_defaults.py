@@ -15,6 +15,7 @@ from host.core.entrypoints.api_server import ServerSettings as AppServerSettings
 from host.core.entrypoints.cli import serve_cmd as serve_module
 from host.core.entrypoints.cli.engine_flags import engine_fields
 from host.core.entrypoints.cli.main import app
+from host.core.entrypoints.cli.nested_configs import NESTED_CONFIGS
 from host.core.entrypoints.cli.plugin_flags import plugin_options
 from host.core.entrypoints.cli.server_flags import field_default, option_names, server_fields
 from host.core.entrypoints.cli.vllm_flags import VLLM_FLAGS
@@ -63,6 +64,7 @@ def test_serve_has_no_server_option_outside_the_settings():
     declared = (
         set(FIELDS) | {f.name for f in engine_fields()} | {p.name for p in plugin_options()}
         | {spec.param for spec in VLLM_FLAGS} | {"model", "model_option"}
+        | {option[2:].replace("-", "_") for option in NESTED_CONFIGS}  # vLLM's nested configs, translated
     )
     stray = sorted(set(_serve_params()) - declared)
     assert stray == [], f"host serve options not declared in ServerSettings (or as engine/plugin/vLLM flags): {stray}"
