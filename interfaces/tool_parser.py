@@ -166,7 +166,9 @@ class ToolCallStream:
 
     def _delta(self, content: str, calls: list[tuple[str, str | None]]) -> dict[str, Any]:
         delta: dict[str, Any] = {}
-        if len(content) > len(self.content) and content.startswith(self.content) and not self.calls:
+        # content after a call only while the parse still has calls (harmony's final channel
+        # follows its calls); an output that turned out malformed is not sent again as content
+        if len(content) > len(self.content) and content.startswith(self.content) and (calls or not self.calls):
             delta["content"] = content[len(self.content):]
             self.content = content
         if self.max_calls is not None:

@@ -6,6 +6,7 @@ Positional arguments, or anything but literals, make the output plain content.""
 from __future__ import annotations
 
 import ast
+import json
 from typing import Any
 
 from host.sdk import ExtractedToolCalls, PartialToolCalls, ToolCall, ToolParser
@@ -38,7 +39,9 @@ def _func_name(node: ast.AST) -> str:
 def _call(node: ast.AST) -> ToolCall:
     if not isinstance(node, ast.Call) or node.args or any(k.arg is None for k in node.keywords):
         raise ValueError("not a call with keyword arguments only")
-    return ToolCall(_func_name(node.func), arguments_json({k.arg: _value(k.value) for k in node.keywords}))
+    arguments = {k.arg: _value(k.value) for k in node.keywords}
+    json.dumps(arguments, allow_nan=False)  # 1e999 reads as inf, which no JSON reader takes: ValueError
+    return ToolCall(_func_name(node.func), arguments_json(arguments))
 
 
 def _body(text: str) -> str:

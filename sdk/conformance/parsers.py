@@ -13,10 +13,12 @@ from host.sdk.tool_parser import ToolParser
 class ToolParserConformance(RegistrationCheck):
     """Set ``parser`` (the :class:`ToolParser` subclass) and ``samples``: ``(model output text,
     [(function name, arguments as a dict), ...], content or None)`` in your format, including one
-    without any call."""
+    without any call. ``tools``: the request's ``tools`` the samples are parsed with (for formats
+    whose arguments are typed by the tools' JSON schemas); ``None`` for none."""
 
     parser: ClassVar[type[ToolParser] | None] = None
     samples: ClassVar[list[tuple[str, list[tuple[str, dict]], str | None]]] = []
+    tools: ClassVar[list[dict] | None] = None
     registry_kind = "tool_parsers"
     group = "host.tool_parsers"
 
@@ -27,13 +29,13 @@ class ToolParserConformance(RegistrationCheck):
         assert self.parser is not None and self.parser.name, "set `parser` to your ToolParser subclass (with a name)"
         assert self.samples, "give `samples` in your format, one without a call among them"
         for text, calls, content in self.samples:
-            got = self.parser().extract(text)
+            got = self.parser().extract(text, self.tools)
             assert [(c.name, json.loads(c.arguments)) for c in got.calls] == [(n, a) for n, a in calls], text
             assert (got.content or None) == (content or None), f"content {got.content!r} != {content!r} for {text!r}"
 
     def test_streamed_deltas_add_up_to_the_finished_parse(self) -> None:
         for text, calls, content in self.samples:
-            stream = self.parser().stream()
+            stream = self.parser().stream(self.tools)
             deltas = [stream.feed(text[:i]) for i in range(1, len(text) + 1)] + [stream.finish(text)]
             streamed_content = "".join(d.get("content", "") for d in deltas)
             arguments: dict[int, str] = {}
