@@ -68,7 +68,7 @@ def _calls(body: str, final: bool) -> tuple[list[ToolCall], bool]:
         while pos < len(body) and body[pos].isspace():
             pos += 1
         rest = body[pos:]
-        if not rest or rest.startswith(CALLS_END):  # the closing marker may be cut by max_tokens
+        if not rest or rest.startswith(CALLS_END):  # closed, or the output stopped after its last call
             return calls, True
         if not rest.startswith(CALL_BEGIN):
             return calls, not final and (CALL_BEGIN.startswith(rest) or CALLS_END.startswith(rest))
