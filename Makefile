@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.host-installed
 
-.PHONY: install serve test bench clean
+.PHONY: install serve test test-large bench clean
 
 install: $(STAMP)
 
@@ -39,6 +39,10 @@ serve: install
 test: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest -q
+
+# the real-model tests too large for `make test`'s 20 minutes (tests marked large_model)
+test-large: install
+	$(VENV)/bin/pytest -q -m large_model
 
 bench: install
 	$(PY) bench/offline_throughput.py

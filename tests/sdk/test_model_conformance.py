@@ -1,5 +1,8 @@
 """The model-architecture conformance suite run on host's own architectures (registered through
-the ``host.models`` group like any plugin's), each on a tiny random transformers config."""
+the ``host.models`` group like any plugin's), each on a tiny random transformers config: Llama
+(under -tp 2 too) and Mistral (a window shorter than the prompts). The other native
+architectures have their own modules against transformers (test_llm_vs_hf.py, test_phi3.py,
+test_gemma.py); the suite also runs on the third-party fixture (tests/models/)."""
 
 from __future__ import annotations
 
@@ -18,33 +21,9 @@ class TestLlama(ModelConformance):
         return transformers.LlamaConfig(**SHAPE)
 
 
-class TestQwen2(ModelConformance):
-    architecture = "Qwen2ForCausalLM"
-    tensor_parallel_size = 0  # the Llama class's tensor-parallel path is checked once, above
-
-    def config(self):
-        return transformers.Qwen2Config(**SHAPE)
-
-
-class TestQwen3(ModelConformance):
-    architecture = "Qwen3ForCausalLM"
-    tensor_parallel_size = 0
-
-    def config(self):
-        return transformers.Qwen3Config(**SHAPE, head_dim=16)
-
-
 class TestMistral(ModelConformance):
     architecture = "MistralForCausalLM"
     tensor_parallel_size = 0
 
     def config(self):
         return transformers.MistralConfig(**SHAPE, sliding_window=16)  # the prompts (25-41 tokens) outrun it
-
-
-class TestPhi3(ModelConformance):
-    architecture = "Phi3ForCausalLM"
-    tensor_parallel_size = 0  # tests/core/models/test_phi3.py runs it under -tp 2
-
-    def config(self):
-        return transformers.Phi3Config(**SHAPE, partial_rotary_factor=0.75, pad_token_id=0)

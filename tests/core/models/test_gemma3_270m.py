@@ -5,7 +5,9 @@ of 8 prompts, BOS first, must be identical. The reference's tokenizer does not a
 in every transformers version (the GGUF-to-HF conversion drops ``add_bos_token``), so it is
 prepended by hand; host's prompt ids must start with it too.
 
-Slow (transformers converting the GGUF and its 262k-token vocabulary takes about a minute here).
+Slow (transformers converting the GGUF and its 262k-token vocabulary takes about a minute here, the
+whole module about three): marked ``large_model``, so ``make test`` leaves it out and ``make
+test-large`` runs it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from helpers import hf_greedy
 from host import LLM, SamplingParams
 from host.core.models.gemma3_270m import gemma3_270m_gguf_path, gemma3_270m_model_path
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.large_model]  # `make test-large`
 
 PROMPTS = [
     "The capital of France is",

@@ -38,13 +38,11 @@ ARCHS: dict[str, dict[str, Any]] = {
                     residual_multiplier=0.5, logits_scaling=4.0),  # a custom scaling; logits divided after the head
     "Cohere": dict(num_key_value_heads=2, logit_scale=0.5, use_qk_norm=False),  # logits scaled after the head
     "Starcoder2": dict(num_key_value_heads=2, sliding_window=None),  # LayerNorm, biases, GELU MLP
-    # sliding window 8 in every layer, only through --model-impl transformers
-    "Mistral": dict(num_key_value_heads=2, sliding_window=8),
     # sliding window 8 on alternate layers (layer_types), attention and final logit soft-capping, head_dim 32
     "Gemma2": dict(num_key_value_heads=2, head_dim=32, sliding_window=8, attn_logit_softcapping=2.0,
                    final_logit_softcapping=5.0, query_pre_attn_scalar=24),
 }
-EXPLICIT = {"Mistral", "Gemma2"}  # native too: run with model_impl="transformers" (the others with the default, auto)
+EXPLICIT = {"Gemma2"}  # native too: run with model_impl="transformers" (the others with the default, auto)
 
 
 def save_tiny(root: Path, arch: str, seed: int = 0, **overrides: Any) -> str:
