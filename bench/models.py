@@ -107,12 +107,7 @@ def main() -> None:
         ap.error(f"--sections {','.join(unknown)}: use some of {','.join(SECTIONS)}")
     quick = args.quick
     timeout = args.section_timeout or (300 if quick else 900)
-    settings = {
-        "num_prompts": 8 if quick else 64, "prompt_len": 32 if quick else 64, "output_len": 16 if quick else 128,
-        "pp": 64 if quick else 256, "tg": 16 if quick else 128, "repeats": 1 if quick else 3,
-        "hf_batch_size": 8 if quick else 64, "llama_threads": [int(t) for t in args.llama_threads.split(",")],
-        "threads": None, "llama_reps": 1 if quick else 5, "timeout": timeout, "build_timeout": args.build_timeout,
-    }
+    settings = qbench.workload(quick, args.llama_threads, None, timeout, args.build_timeout)
     results: dict = {name: {"error": "skipped (--sections)"} for name in SECTIONS}
     for name in sections:
         print(f"{name} ...", flush=True)

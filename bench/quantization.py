@@ -372,6 +372,18 @@ def _child(name: str, settings: dict, out: str) -> None:
     Path(out).write_text(json.dumps(result))
 
 
+def workload(quick: bool, llama_threads: str, threads: int | None, timeout: float, build_timeout: float) -> dict:
+    """The settings every section reads: the full workload (64 prompts of 64 tokens, 128 new
+    tokens each; pp256; tg128; 3 repeats) or ``quick``'s small one, llama-bench's thread counts
+    (``"1,2"``), host's threads (``None``: torch's) and the time caps."""
+    return {
+        "num_prompts": 8 if quick else 64, "prompt_len": 32 if quick else 64, "output_len": 16 if quick else 128,
+        "pp": 64 if quick else 256, "tg": 16 if quick else 128, "repeats": 1 if quick else 3,
+        "hf_batch_size": 8 if quick else 64, "llama_threads": [int(t) for t in llama_threads.split(",")],
+        "threads": threads, "llama_reps": 1 if quick else 5, "timeout": timeout, "build_timeout": build_timeout,
+    }
+
+
 def _fmt(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}"
 
@@ -437,12 +449,7 @@ def main() -> None:
         ap.error(f"--configs {','.join(unknown)}: not a host configuration; use some of {','.join(HOST_CONFIGS)}")
     quick = args.quick
     timeout = args.section_timeout or (240 if quick else 600)
-    settings = {
-        "num_prompts": 8 if quick else 64, "prompt_len": 32 if quick else 64, "output_len": 16 if quick else 128,
-        "pp": 64 if quick else 256, "tg": 16 if quick else 128, "repeats": 1 if quick else 3,
-        "hf_batch_size": 8 if quick else 64, "llama_threads": [int(t) for t in args.llama_threads.split(",")], "threads": args.threads, "llama_reps": 1 if quick else 5,
-        "timeout": timeout, "build_timeout": args.build_timeout,
-    }
+    settings = workload(quick, args.llama_threads, args.threads, timeout, args.build_timeout)
     results: dict = {"host": {}, "llama.cpp": {}, "transformers": {}}
     for name in configs:
         print(f"host {name} ...", flush=True)
