@@ -29,10 +29,11 @@ def transformers_architectures() -> list[str]:
     return sorted(transformers_causal_lm_names())
 
 
-def architecture_rows() -> list[dict[str, str]]:
+def architecture_rows(include_fallback: bool = True) -> list[dict[str, str]]:
     """One row per architecture host serves: the registered ones (``implementation`` native,
-    with the plugin that registered it and its class), then every other architecture of
-    :func:`transformers_architectures` (``implementation`` transformers: the fallback)."""
+    with the plugin that registered it and its class), then, with ``include_fallback``, every
+    other architecture of :func:`transformers_architectures` (``implementation`` transformers:
+    the fallback; listing them imports transformers, seconds of a CLI call)."""
     host = get_plugin_host()
     host.load_groups([MODELS_GROUP])
     native = host.registry("models")
@@ -41,10 +42,11 @@ def architecture_rows() -> list[dict[str, str]]:
          "target": entry if isinstance(entry, str) else f"{entry.__module__}:{entry.__qualname__}"}
         for arch, entry in sorted(native.items())
     ]
-    rows += [
-        {"architecture": arch, "implementation": "transformers", "plugin": "", "target": f"transformers:{arch}"}
-        for arch in transformers_architectures() if arch not in native
-    ]
+    if include_fallback:
+        rows += [
+            {"architecture": arch, "implementation": "transformers", "plugin": "", "target": f"transformers:{arch}"}
+            for arch in transformers_architectures() if arch not in native
+        ]
     return rows
 
 

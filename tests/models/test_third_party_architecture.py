@@ -12,7 +12,7 @@ import pytest
 import transformers
 
 from helpers import on_sys_path, run_host
-from host.sdk.testing import ModelConformance
+from host.sdk.testing import ModelConformance, isolated_plugin_host
 
 SHAPE = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              vocab_size=320, max_position_embeddings=128, initializer_range=0.1)
@@ -23,7 +23,7 @@ def olmo2_config():
 
 
 def test_listed_as_native_from_its_plugin(fixture_sites):
-    listed = run_host(["plugins", "list", "--json"], [fixture_sites["olmo2"]])
+    listed = run_host(["plugins", "list", "--json", "--all"], [fixture_sites["olmo2"]])
     assert listed.returncode == 0, listed.stderr
     models = {m["architecture"]: m for m in json.loads(listed.stdout)["models"]}
     assert models["Olmo2ForCausalLM"] == {
@@ -50,7 +50,11 @@ class TestOlmo2Conformance(ModelConformance):
 
     @pytest.fixture(autouse=True)
     def _plugin(self, olmo2_plugin):
+        # a plugin host of the built-ins only, for the test: the global one must not discover the
+        # installed fixture while its site is on the path (later modules would find it native)
         type(self).plugin_module = olmo2_plugin
+        with isolated_plugin_host():
+            yield
 
     def config(self):
         return olmo2_config()

@@ -56,7 +56,7 @@ def list_plugins(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     group: Optional[str] = typer.Option(None, "--group", help="Only this entry-point group (e.g. host.platforms)."),
     process: Optional[str] = typer.Option(None, "--process", help="Only groups this process loads: api, engine or worker."),
-    show_all: bool = typer.Option(False, "--all", help="Also show what each plugin registered and groups with no plugin."),
+    show_all: bool = typer.Option(False, "--all", help="Also show what each plugin registered, groups with no plugin, and every architecture the transformers fallback runs."),
     server: Optional[str] = typer.Option(
         None, "--server", help="Ask a running host serve (e.g. http://127.0.0.1:8000) what each of its processes loaded: "
         "the API server, the engine and every worker process. The API key is read from HOST_API_KEY.",
@@ -72,7 +72,7 @@ def list_plugins(
     rows = _rows(host, group, process)
     unknown = host.unknown_allowlisted()
     kernels = _kernel_rows(host)
-    models = _model_rows()
+    models = _model_rows(include_fallback=show_all)
     if as_json:
         payload: dict[str, Any] = {"plugins": rows, "unknown_allowlisted": unknown, "kernels": kernels, "models": models}
         if show_all:
@@ -110,13 +110,14 @@ def list_plugins(
         console.print(_model_table(models, show_all))
 
 
-def _model_rows() -> list[dict[str, str]]:
-    """Every architecture and its implementation (:func:`host.core.models.registry.architecture_rows`);
-    empty, with a warning, when the models group cannot load."""
+def _model_rows(include_fallback: bool) -> list[dict[str, str]]:
+    """The architectures and their implementations (:func:`host.core.models.registry.architecture_rows`:
+    the native ones, and with ``include_fallback`` (``--all``) every transformers one); empty,
+    with a warning, when the models group cannot load."""
     from host.core.models.registry import architecture_rows
 
     try:
-        return architecture_rows()
+        return architecture_rows(include_fallback)
     except Exception as exc:  # noqa: BLE001 - a listing reports, it does not fail
         typer.echo(f"warning: models: {exc}", err=True)
         return []
@@ -133,8 +134,8 @@ def _model_table(models: list[dict[str, str]], show_all: bool) -> Table:
     if show_all:
         for arch in fallback:
             table.add_row(arch, "transformers", "", "the transformers fallback")
-    elif fallback:
-        table.add_row(f"+{len(fallback)} more", "transformers", "", f"e.g. {', '.join(fallback[:4])}... (--all lists them)")
+    else:
+        table.add_row("any other *ForCausalLM", "transformers", "", "the transformers fallback (--all lists them)")
     return table
 
 
