@@ -275,3 +275,28 @@ class BlockPool:
         """Fraction of allocatable blocks in use (0.0 - 1.0)."""
         total = self.num_blocks - 1
         return 1.0 - self.get_num_free_blocks() / total
+
+
+class BlockPoolView:
+    """What a KV cache manager reports of its :class:`BlockPool` (``self.block_pool``), shared by
+    the single-group and the hybrid manager: usage over every block, free blocks, prefix-cache
+    stats, and the prefix-cache reset."""
+
+    block_pool: BlockPool
+
+    @property
+    def usage(self) -> float:
+        """Fraction of usable blocks in use (every group's)."""
+        return self.block_pool.get_usage()
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.block_pool.get_num_free_blocks()
+
+    @property
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        return self.block_pool.prefix_cache_stats
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached prefix; only works while no request holds blocks."""
+        return self.block_pool.reset_prefix_cache()

@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from host.contracts.request import Request
-from host.core.kv_cache.block_pool import BlockPool, KVCacheBlock, PrefixCacheStats
+from host.core.kv_cache.block_pool import BlockPool, BlockPoolView, KVCacheBlock
 from host.core.kv_cache.full_attention_group import FullAttentionGroup
 from host.core.kv_cache.group_manager import GroupManager, get_group_manager_class, register_group_manager
 from host.core.kv_cache.groups import KVCacheLayout, group_blocks_per_request
@@ -57,7 +57,7 @@ class GroupedBlocks:
         return [[b.block_id for b in g] for g in self.groups]
 
 
-class HybridKVCacheManager:
+class HybridKVCacheManager(BlockPoolView):
     """Per-request block tables of every KV cache group over one :class:`BlockPool`.
 
     Built from a :class:`KVCacheConfig` whose ``layout`` has more than one group (or one
@@ -225,23 +225,6 @@ class HybridKVCacheManager:
     def req_to_blocks(self) -> dict[str, list[KVCacheBlock]]:
         """Group 0's tables (which requests hold blocks)."""
         return self._first.req_to_blocks
-
-    @property
-    def usage(self) -> float:
-        """Fraction of usable blocks in use (all groups)."""
-        return self.block_pool.get_usage()
-
-    @property
-    def num_free_blocks(self) -> int:
-        return self.block_pool.get_num_free_blocks()
-
-    @property
-    def prefix_cache_stats(self) -> PrefixCacheStats:
-        return self.block_pool.prefix_cache_stats
-
-    def reset_prefix_cache(self) -> bool:
-        """Drop every cached prefix; only works while no request holds blocks."""
-        return self.block_pool.reset_prefix_cache()
 
 
 register_group_manager(FullAttentionSpec, FullAttentionGroup)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Sequence
 
 from host.contracts.request import Request
-from host.core.kv_cache.block_pool import BlockPool, KVCacheBlock, PrefixCacheStats
+from host.core.kv_cache.block_pool import BlockPool, BlockPoolView, KVCacheBlock
 from host.core.kv_cache.spec import FullAttentionSpec, KVCacheConfig, KVCacheSpec, SlidingWindowSpec
 
 
@@ -14,7 +14,7 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-class KVCacheManager:
+class KVCacheManager(BlockPoolView):
     """Per-request block tables over one :class:`BlockPool` (a single KV cache group: every layer
     uses the same block ids).
 
@@ -192,23 +192,6 @@ class KVCacheManager:
     def blocks_to_hold(self, num_tokens: int) -> int:
         """The blocks a request of ``num_tokens`` tokens holds (one per ``block_size`` tokens)."""
         return _cdiv(num_tokens, self.block_size)
-
-    @property
-    def usage(self) -> float:
-        """Fraction of usable blocks in use."""
-        return self.block_pool.get_usage()
-
-    @property
-    def num_free_blocks(self) -> int:
-        return self.block_pool.get_num_free_blocks()
-
-    @property
-    def prefix_cache_stats(self) -> PrefixCacheStats:
-        return self.block_pool.prefix_cache_stats
-
-    def reset_prefix_cache(self) -> bool:
-        """Drop every cached prefix; only works while no request holds blocks."""
-        return self.block_pool.reset_prefix_cache()
 
 
 # -- spec class -> manager class registry ----------------------------------------------------
