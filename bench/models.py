@@ -89,12 +89,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="small settings (8 prompts, 16 new tokens, tg16): checks the run end to end")
     ap.add_argument("--sections", default=",".join(SECTIONS), help=f"comma separated, of {', '.join(SECTIONS)}")
     ap.add_argument("--section-timeout", type=float, default=None, help="seconds per section (default 900; --quick 300)")
-    ap.add_argument("--build-timeout", type=float, default=3600, help="seconds for a first llama-bench build (default 3600)")
-    ap.add_argument("--llama-threads", default="1,2", help="llama-bench thread counts; the best is the peer figure (default 1,2)")
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--_section", help=argparse.SUPPRESS)
-    ap.add_argument("--_settings", help=argparse.SUPPRESS)
-    ap.add_argument("--_out", help=argparse.SUPPRESS)
+    qbench.add_section_args(ap)
     args = ap.parse_args()
     if args._section:
         _child(args._section, json.loads(args._settings), args._out)

@@ -372,6 +372,17 @@ def _child(name: str, settings: dict, out: str) -> None:
     Path(out).write_text(json.dumps(result))
 
 
+def add_section_args(ap: argparse.ArgumentParser) -> None:
+    """The options every sectioned benchmark takes: the llama-bench build cap and thread counts,
+    the result file, and the hidden ones a section's child process is started with."""
+    ap.add_argument("--build-timeout", type=float, default=3600, help="seconds for a first llama-bench build (default 3600)")
+    ap.add_argument("--llama-threads", default="1,2", help="llama-bench thread counts, comma separated; the best is the peer's figure (default 1,2)")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--_section", help=argparse.SUPPRESS)
+    ap.add_argument("--_settings", help=argparse.SUPPRESS)
+    ap.add_argument("--_out", help=argparse.SUPPRESS)
+
+
 def workload(quick: bool, llama_threads: str, threads: int | None, timeout: float, build_timeout: float) -> dict:
     """The settings every section reads: the full workload (64 prompts of 64 tokens, 128 new
     tokens each; pp256; tg128; 3 repeats) or ``quick``'s small one, llama-bench's thread counts
@@ -429,13 +440,8 @@ def main() -> None:
     ap.add_argument("--no-transformers", action="store_true", help="skip transformers")
     ap.add_argument("--hf-dtypes", default="float32,bfloat16", help="transformers dtypes, comma separated; the fastest is the peer (default float32,bfloat16)")
     ap.add_argument("--section-timeout", type=float, default=None, help="seconds per section (default 600; --quick 240)")
-    ap.add_argument("--build-timeout", type=float, default=3600, help="seconds for a first llama-bench build (default 3600)")
     ap.add_argument("--threads", type=int, default=None, help="threads of host and transformers (default: torch's, all cores)")
-    ap.add_argument("--llama-threads", default="1,2", help="llama-bench thread counts, comma separated; the best is the peer's figure (default 1,2)")
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--_section", help=argparse.SUPPRESS)
-    ap.add_argument("--_settings", help=argparse.SUPPRESS)
-    ap.add_argument("--_out", help=argparse.SUPPRESS)
+    add_section_args(ap)
     args = ap.parse_args()
     if args._section:
         _child(args._section, json.loads(args._settings), args._out)
