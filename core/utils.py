@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import gc
 import importlib
 from typing import Any
+
+_unfreeze_at_exit = False  # freeze_startup_objects registered its atexit hook
 
 
 def freeze_startup_objects() -> None:
@@ -15,9 +18,18 @@ def freeze_startup_objects() -> None:
     default model, a stall of every running request whenever one falls due. Frozen, they are never
     walked again (the same collection then takes microseconds). Called once a process has started
     up (the API server, the engine core, each worker process); objects made later are collected
-    as usual."""
+    as usual.
+
+    At exit the objects are unfrozen again (an ``atexit`` hook), so the interpreter's last
+    collection frees the reference cycles among them before the extension modules go: a frozen
+    cycle holding triton's nanobind objects (torch imports triton) outlives its module and
+    nanobind prints "leaked N instances/types/functions" (~40 lines) at every exit."""
+    global _unfreeze_at_exit
     gc.collect()
     gc.freeze()
+    if not _unfreeze_at_exit:
+        atexit.register(gc.unfreeze)
+        _unfreeze_at_exit = True
 
 
 def resolve_qualname(target: Any) -> Any:
