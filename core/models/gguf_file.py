@@ -332,12 +332,13 @@ class GGUFCheckpoint:
 # -- the block cache: a GGUF's tensors, blocks as stored, in a safetensors file -------------------
 
 BLOCK_CACHE = "gguf_blocks.safetensors"
-"""Written next to a directory's ``model.gguf`` link (the default model's): opening a GGUF parses
+"""Written next to a converted directory's ``.host/model.gguf`` link (the default model's): opening a GGUF parses
 its whole metadata (seconds: the tokenizer vocabulary), a safetensors file maps in milliseconds."""
 
 
 def block_cache_for(gguf_path: str | None) -> str | None:
-    """The block cache of a directory's ``model.gguf`` when it has been written, else ``None``."""
+    """The block cache beside a ``model.gguf`` (a converted directory's ``.host/model.gguf``) when
+    it has been written, else ``None``."""
     if not gguf_path or os.path.basename(gguf_path) != "model.gguf":
         return None
     cache = os.path.join(os.path.dirname(gguf_path), BLOCK_CACHE)

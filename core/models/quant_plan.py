@@ -44,15 +44,25 @@ _FUSED_ALIASES = {
 EMBEDDING = "model.embed_tokens"
 
 
+HOST_FILES_DIR = ".host"
+"""The subfolder of a converted model directory (the default model's, Gemma-3-270M's) holding host's
+own files: the GGUF link ``model.gguf``, its block cache and ``host_conversion.json``. The folder
+itself holds only Hugging Face files, so transformers or vLLM load it as it is."""
+
+
 def gguf_source(path: str | None) -> str | None:
-    """The GGUF file behind a model path: the path itself for a ``.gguf`` file, a directory's
-    ``model.gguf`` (the default model keeps its GGUF there), else ``None``."""
+    """The GGUF file behind a model path: the path itself for a ``.gguf`` file, a converted
+    directory's ``.host/model.gguf``, a directory's own ``model.gguf``, else ``None``."""
     if not path:
         return None
     if path.lower().endswith(".gguf") and os.path.isfile(path):
         return path
-    candidate = os.path.join(path, "model.gguf")
-    return candidate if os.path.isdir(path) and os.path.isfile(candidate) else None
+    if not os.path.isdir(path):
+        return None
+    for candidate in (os.path.join(path, HOST_FILES_DIR, "model.gguf"), os.path.join(path, "model.gguf")):
+        if os.path.isfile(candidate):
+            return candidate
+    return None
 
 
 def layer_aliases(name: str) -> tuple[str, ...]:

@@ -69,6 +69,52 @@ def test_converted_directory_is_complete_and_cached(default_dir: str) -> None:
     assert resolve_model_path("SmolLM2-135M-Instruct") == default_dir
 
 
+HF_FILES = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+            "chat_template.jinja", "special_tokens_map.json"}
+
+
+def test_host_files_live_apart_from_the_hf_files(default_dir: str) -> None:
+    """The converted folder is a plain Hugging Face directory: host's GGUF link, block cache and
+    conversion record sit in ``.host/``; vLLM's weight glob (``*.safetensors`` at the top) finds
+    the float weights only, and transformers loads the folder as it is."""
+    import transformers
+
+    from host.core.models.gguf_file import BLOCK_CACHE
+    from host.core.models.quant_plan import HOST_FILES_DIR, gguf_source
+
+    top = set(os.listdir(default_dir)) - {HOST_FILES_DIR}
+    assert top <= HF_FILES, top - HF_FILES
+    assert [p.name for p in Path(default_dir).glob("*.safetensors")] == ["model.safetensors"]
+    own = Path(default_dir, HOST_FILES_DIR)
+    assert {"model.gguf", BLOCK_CACHE, "host_conversion.json"} <= set(os.listdir(own))
+    assert os.path.realpath(own / "model.gguf") == os.path.realpath(default_gguf_path())
+    assert gguf_source(default_dir) == str(own / "model.gguf")
+    config = transformers.AutoConfig.from_pretrained(default_dir)
+    assert config.architectures == ["LlamaForCausalLM"]
+
+
+def test_an_earlier_layout_moves_into_the_host_folder(default_dir: str, tmp_path: Path, monkeypatch) -> None:
+    """A folder converted by an earlier version (``model.gguf``, the block cache and the record at
+    its top) is tidied on the next start: its files move into ``.host/``."""
+    from host.core.models import default_model
+    from host.core.models.gguf_file import BLOCK_CACHE
+    from host.core.models.quant_plan import HOST_FILES_DIR
+
+    monkeypatch.setenv("HOST_CACHE_DIR", str(tmp_path))
+    legacy = tmp_path / "models" / Path(default_dir).name
+    legacy.mkdir(parents=True)
+    for name in os.listdir(default_dir):
+        if name != HOST_FILES_DIR:
+            (legacy / name).symlink_to(Path(default_dir, name))
+    own = Path(default_dir, HOST_FILES_DIR)
+    (legacy / "model.gguf").symlink_to(default_gguf_path())
+    (legacy / BLOCK_CACHE).symlink_to(own / BLOCK_CACHE)
+    (legacy / "host_conversion.json").write_text((own / "host_conversion.json").read_text())
+    assert default_model.default_model_path() == str(legacy)
+    assert not {"model.gguf", BLOCK_CACHE, "host_conversion.json"} & set(os.listdir(legacy))
+    assert {"model.gguf", BLOCK_CACHE, "host_conversion.json"} <= set(os.listdir(legacy / HOST_FILES_DIR))
+
+
 def test_matches_transformers_on_the_converted_dir(
     default_dir: str, prompt_ids: torch.Tensor, our_logits: torch.Tensor
 ) -> None:
