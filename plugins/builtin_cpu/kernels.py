@@ -18,24 +18,26 @@ All float32, OpenMP-parallel through ``at::parallel_for``:
   ``rotary_neox_`` (in-place rotate-half RoPE from the cos/sin table), ``silu_and_mul``: each
   replaces three to eight small torch ops whose dispatch cost dominates at decode sizes.
 
-The C++ lives in ``csrc/`` (shipped as package data): the translation units listed in
-:data:`SOURCES`, each compiled on its own (ninja builds them side by side), and the headers of
-:data:`HEADERS` they share (``host_cpu.h``: the instruction-set macros and the declarations one
-file needs from another; ``vector_math.h``: the inline vector helpers). They are copied out of the
-installed package into the build folder, next to the module's generated bindings, and linked into
-one extension module. The build needs a C++ compiler and ``ninja``; torch keeps the build
-(``~/.cache/torch_extensions``) and rebuilds only when the sources or the flags change (ninja
-recompiles the files an edit touches, headers included). If the build fails, :func:`cpu_kernels`
-returns ``None`` (with one warning naming the error) and every caller keeps its pure-torch
-path. Set ``HOST_CPU_KERNELS=0`` to use the torch paths unconditionally.
+The C++ lives in ``csrc/`` (shipped as package data): the translation units and shared headers
+named in :mod:`~host.plugins.builtin_cpu.kernel_build`, which also says how they are compiled.
+``pip install`` builds them (the project's ``setup.py``, through torch's ``BuildExtension``) into
+one module per instruction set, ``_kernels_avx512`` and ``_kernels_avx2`` on x86-64
+(``_kernels_scalar`` elsewhere). :func:`cpu_kernels` takes the widest prebuilt module whose
+instructions run here (its ``isa_probe()`` executed once in a child process: ``/proc/cpuinfo`` of a
+virtual machine can list features that trap; the answer is kept in ``host_isa_probe.json`` next to
+torch's extension builds) and whose ``sources_hash`` is that of the installed sources.
 
-The instruction set is detected by trying, not by the CPU flags: :func:`isa_flags` compiles and
-runs a tiny AVX-512 program, then an AVX2 + FMA + F16C one, in a subprocess (``/proc/cpuinfo``
-of a virtual machine can list features that trap), and the build gets explicit ``-m`` flags for
-the first that runs instead of ``-march=native`` (``-mtune=native`` only tunes). The kernels use
-AVX2 intrinsics when built with AVX2 (also under the AVX-512 flags, where the compiler may widen
-the plain loops) and scalar loops otherwise. The choice is logged once (``host.cpu``);
-``HOST_CPU_ISA`` forces it.
+Without a usable prebuilt module (an install that could not import torch while building, sources
+edited since, ``HOST_CPU_ISA`` naming a set that was not prebuilt), the module is built on first use
+instead, as before: the sources are copied out of the installed package into torch's build folder
+(``~/.cache/torch_extensions``) with the generated bindings and compiled by ninja, which rebuilds
+only what an edit touched. The instruction set of that build is the first whose probe program
+compiles and runs (:func:`isa_flags`). If neither way gives a module, :func:`cpu_kernels` returns
+``None`` (with one warning naming the error) and every caller keeps its pure-torch path. Set
+``HOST_CPU_KERNELS=0`` to use the torch paths unconditionally; ``HOST_CPU_ISA=avx512|avx2|scalar``
+forces an instruction set. The kernels use AVX2 intrinsics when built with AVX2 (also under the
+AVX-512 flags, where the compiler may widen the plain loops) and scalar loops otherwise. The choice
+is logged once (``host.cpu``).
 """
 
 from __future__ import annotations
@@ -49,14 +51,27 @@ from typing import Any, Callable
 
 import torch
 
+from host.plugins.builtin_cpu.kernel_build import (
+    BINDINGS,
+    CFLAGS,
+    HEADERS,
+    ISA_CANDIDATES,
+    LDFLAGS,
+    PREBUILT_PREFIX,
+    SCALAR,
+    SOURCES,
+    bindings_source,
+    isa_flags_of,
+    isa_names,
+    probe_runs,
+    sources_hash,
+)
+
 logger = logging.getLogger("host.cpu")
 
-# The C++ translation units (package data under csrc/), each compiled on its own, and the headers
-# they include (every unit includes host_cpu.h, which includes vector_math.h). The longest to
-# compile come first, so ninja starts them first.
-SOURCES = ("quant_linear.cpp", "llama_decode.cpp", "elementwise.cpp", "paged_decode.cpp", "linear_small_m.cpp")
-HEADERS = ("host_cpu.h", "vector_math.h")
-_BINDINGS = "bindings.cpp"  # generated into the build folder from _FUNCTIONS
+
+JIT_MODULE_NAME = "host_cpu_kernels_v10"
+"""The first-use build's module name (torch keeps its build folder under this name)."""
 
 
 def kernel_sources() -> list[str]:
@@ -82,14 +97,6 @@ def _write_if_changed(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _bindings_source() -> str:
-    """The pybind11 module binding every function of ``_FUNCTIONS`` under its name, as
-    ``load_inline(functions=...)`` writes it (torch's error handling around each call)."""
-    lines = ["#include <torch/extension.h>", '#include "host_cpu.h"', "", "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {"]
-    lines += [f'  m.def("{name}", torch::wrap_pybind_function({name}), "{name}");' for name in _FUNCTIONS]
-    return "\n".join([*lines, "}", ""])
-
-
 def _stage_sources(build_directory: str) -> list[str]:
     """Copies :data:`SOURCES` and :data:`HEADERS` out of the installed package into
     ``build_directory/csrc`` and writes the bindings beside them; returns the paths of the
@@ -100,8 +107,8 @@ def _stage_sources(build_directory: str) -> list[str]:
     names = (*SOURCES, *HEADERS)
     for name, text in zip(names, kernel_sources()):
         _write_if_changed(os.path.join(folder, name), text)
-    _write_if_changed(os.path.join(folder, _BINDINGS), _bindings_source())
-    return [os.path.join(folder, name) for name in (_BINDINGS, *SOURCES)]
+    _write_if_changed(os.path.join(folder, BINDINGS), bindings_source(sources_hash(kernel_sources())))
+    return [os.path.join(folder, name) for name in (BINDINGS, *SOURCES)]
 
 
 def _ensure_ninja_on_path() -> None:
@@ -122,48 +129,7 @@ def _ensure_ninja_on_path() -> None:
             return
 
 
-# Instruction sets are chosen by running a probe, not by reading /proc/cpuinfo: a virtual
-# machine may list features (AVX-512, AMX) whose instructions trap. Each candidate is a tiny
-# program compiled with the candidate's flags and run in a subprocess; the first that exits
-# cleanly sets the flags of the kernel build.
-_ISA_CANDIDATES: tuple[tuple[str, tuple[str, ...], str], ...] = (
-    (
-        "avx512",
-        ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"),
-        """#include <immintrin.h>
-int main() { volatile float s = 1.5f; __m512 a = _mm512_set1_ps(s); a = _mm512_fmadd_ps(a, a, a);
-  __m512i b = _mm512_dpbusd_epi32(_mm512_castps_si512(a), _mm512_set1_epi8(1), _mm512_set1_epi8(2));
-  __m256 c = _mm256_fmadd_ps(_mm256_set1_ps(s), _mm256_set1_ps(s), _mm256_set1_ps(_cvtsh_ss(0x3c00)));
-  return (_mm512_reduce_add_ps(a) > 0.f && _mm512_reduce_add_epi32(b) != 0 && _mm256_cvtss_f32(c) > 0.f) ? 0 : 1; }
-""",
-    ),
-    (
-        "avx2",
-        ("-mavx2", "-mfma", "-mf16c"),
-        """#include <immintrin.h>
-int main() { volatile float s = 1.5f; __m256 a = _mm256_fmadd_ps(_mm256_set1_ps(s), _mm256_set1_ps(s), _mm256_set1_ps(_cvtsh_ss(0x3c00)));
-  __m256i b = _mm256_add_epi32(_mm256_cvtepi8_epi32(_mm_set1_epi8(3)), _mm256_set1_epi32(1));
-  return (_mm256_cvtss_f32(a) > 0.f && _mm256_extract_epi32(b, 7) == 4) ? 0 : 1; }
-""",
-    ),
-)
 _ISA: list[tuple[str, ...]] = []
-
-
-def _probe_runs(flags: tuple[str, ...], source: str) -> bool:
-    import subprocess
-    import tempfile
-
-    compiler = os.environ.get("CXX", "c++")
-    with tempfile.TemporaryDirectory(prefix="host_isa_") as tmp:
-        src, exe = os.path.join(tmp, "probe.cpp"), os.path.join(tmp, "probe")
-        with open(src, "w", encoding="utf-8") as f:
-            f.write(source)
-        try:
-            subprocess.run([compiler, "-O1", *flags, src, "-o", exe], check=True, capture_output=True, timeout=60)
-            return subprocess.run([exe], capture_output=True, timeout=30).returncode == 0
-        except (OSError, subprocess.SubprocessError):
-            return False
 
 
 def _probe_cache_key(compiler: str) -> str:
@@ -176,7 +142,7 @@ def _probe_cache_key(compiler: str) -> str:
             cpu = sorted({line for line in f if line.startswith(("model name", "flags", "vendor_id"))})
     except OSError:
         cpu = [os.uname().machine]
-    text = "\n".join([*cpu, shutil.which(compiler) or compiler, repr(_ISA_CANDIDATES)])
+    text = "\n".join([*cpu, shutil.which(compiler) or compiler, repr(ISA_CANDIDATES)])
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
@@ -186,87 +152,144 @@ def _probe_cache_path() -> str:
     return os.path.join(get_default_build_root(), "host_isa_probe.json")
 
 
-def isa_flags() -> tuple[str, ...]:
-    """The ``-m`` flags of the kernel build: the widest of AVX-512 (F, BW, VL, VNNI), AVX2 (+ FMA,
-    F16C) whose probe program really runs here, else none (the kernels' scalar loops). The probe
-    costs a few seconds of compiling, so its answer is kept next to torch's extension builds
-    (``host_isa_probe.json``, keyed by the CPU and the compiler) and per process;
-    ``HOST_CPU_ISA=avx2|avx512|scalar`` skips the probe."""
+def _cached_probe(key: str, probe: Callable[[], Any]) -> Any:
+    """``probe()``'s answer, kept in ``host_isa_probe.json`` under ``key`` (probes cost seconds)."""
     import json
 
+    path, cached = _probe_cache_path(), {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            cached = json.load(f)
+    except (OSError, ValueError):
+        cached = {}
+    if key in cached:
+        return cached[key]
+    answer = probe()
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({**cached, key: answer}, f)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # no cache: the next process probes again
+    return answer
+
+
+def _forced_isa() -> str | None:
+    """``HOST_CPU_ISA`` when set (checked: a ``ValueError`` names the choices), else ``None``."""
+    forced = os.environ.get("HOST_CPU_ISA", "").strip().lower()
+    if not forced:
+        return None
+    if forced not in isa_names():
+        raise ValueError(f"HOST_CPU_ISA={forced!r} is not one of {', '.join(isa_names())}")
+    return forced
+
+
+def isa_flags() -> tuple[str, ...]:
+    """The ``-m`` flags of a first-use kernel build: the widest of AVX-512 (F, BW, VL, VNNI), AVX2
+    (+ FMA, F16C) whose probe program really runs here, else none (the kernels' scalar loops). The
+    probe costs a few seconds of compiling, so its answer is kept next to torch's extension builds
+    (``host_isa_probe.json``, keyed by the CPU and the compiler) and per process;
+    ``HOST_CPU_ISA=avx2|avx512|scalar`` skips the probe."""
     if _ISA:
         return _ISA[0]
-    forced = os.environ.get("HOST_CPU_ISA", "").strip().lower()
-    names = [name for name, _, _ in _ISA_CANDIDATES]
-    if forced and forced != "scalar" and forced not in names:
-        raise ValueError(f"HOST_CPU_ISA={forced!r} is not one of {', '.join(names)}, scalar")
-    chosen: tuple[str, ...] = ()
+    forced = _forced_isa()
     if forced:
-        chosen = next((flags for name, flags, _ in _ISA_CANDIDATES if name == forced), ())
+        chosen = isa_flags_of(forced)
     else:
         compiler = os.environ.get("CXX", "c++")
-        key, path, cached = _probe_cache_key(compiler), _probe_cache_path(), {}
-        try:
-            with open(path, encoding="utf-8") as f:
-                cached = json.load(f)
-        except (OSError, ValueError):
-            cached = {}
-        if isinstance(cached.get(key), list):
-            chosen = tuple(cached[key])
-        else:
-            chosen = next((flags for _, flags, source in _ISA_CANDIDATES if _probe_runs(flags, source)), ())
-            try:
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                tmp = f"{path}.{os.getpid()}"
-                with open(tmp, "w", encoding="utf-8") as f:
-                    json.dump({**cached, key: list(chosen)}, f)
-                os.replace(tmp, path)
-            except OSError:
-                pass  # no cache: the next process probes again
+        chosen = tuple(_cached_probe(
+            _probe_cache_key(compiler),
+            lambda: list(next((flags for name, flags, _ in ISA_CANDIDATES if probe_runs(name)), ())),
+        ))
     logger.info("CPU kernel instruction set: %s", " ".join(chosen) or "scalar (no AVX2 probe ran here)")
     _ISA.append(chosen)
     return chosen
 
 
-_FUNCTIONS = [
-    "paged_decode", "linear_small_m", "gguf_linear", "gguf_linear_q8", "quantize_q8", "int8_linear", "kernels_isa",
-    "rms_norm", "fused_add_rms_norm_", "rotary_neox_", "silu_and_mul", "llama_decode_plan", "llama_decode_step",
-    "llama_decode_release",
-]
+def _prebuilt_runs(path: str) -> bool:
+    """Whether the prebuilt module at ``path`` runs here: its ``isa_probe()`` executed in a child
+    process (an instruction the CPU lacks kills the child, not this process); kept in the probe
+    cache under the CPU and the module file."""
+    import subprocess
+
+    stat = os.stat(path)
+    key = f"{_probe_cache_key(os.environ.get('CXX', 'c++'))}:{path}:{stat.st_size}:{stat.st_mtime_ns}"
+    code = (
+        "import sys, torch, importlib.util as u\n"
+        "spec = u.spec_from_file_location(sys.argv[2], sys.argv[1]); m = u.module_from_spec(spec)\n"
+        "spec.loader.exec_module(m); sys.exit(0 if m.isa_probe() == 1 else 1)\n"
+    )
+    name = f"{__package__}.{os.path.basename(path).split('.')[0]}"
+
+    def probe() -> bool:
+        try:
+            return subprocess.run([sys.executable, "-c", code, path, name], capture_output=True, timeout=300).returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            return False
+
+    return bool(_cached_probe(key, probe))
+
+
+def prebuilt_module() -> Any | None:
+    """The module ``pip install`` built for the widest instruction set that runs here (or for
+    ``HOST_CPU_ISA``) among those built from the installed sources; else ``None`` (then
+    :func:`cpu_kernels` builds one)."""
+    import importlib
+    import importlib.util
+
+    forced = _forced_isa()
+    for isa in [forced] if forced else isa_names():
+        spec = importlib.util.find_spec(f"{__package__}.{PREBUILT_PREFIX}{isa}")
+        if spec is None or not spec.origin or not os.path.isfile(spec.origin):
+            continue
+        if not forced and isa != SCALAR and not _prebuilt_runs(spec.origin):
+            continue
+        module = importlib.import_module(spec.name)
+        if getattr(module, "sources_hash", None) == sources_hash(kernel_sources()):
+            return module
+        logger.info(
+            "The prebuilt CPU kernels %s were built from other sources than the installed ones; not using them "
+            "(reinstall the package, e.g. make install, to prebuild them again)", os.path.basename(spec.origin),
+        )
+    return None
+
+
 _MODULE: list[Any] = []  # [module or None] once attempted in this process
 
 
 def cpu_kernels() -> Any | None:
-    """The compiled kernel module (functions named in ``_FUNCTIONS``), or ``None`` when the
-    kernels are disabled (``HOST_CPU_KERNELS=0``) or cannot be built here."""
+    """The compiled kernel module (the functions of
+    :data:`~host.plugins.builtin_cpu.kernel_build.FUNCTIONS`): the prebuilt one that fits
+    (:func:`prebuilt_module`), else one built here on first use; ``None`` when the kernels are
+    disabled (``HOST_CPU_KERNELS=0``) or cannot be built here."""
     if _MODULE:
         return _MODULE[0]
     module = None
     if os.environ.get("HOST_CPU_KERNELS", "1") != "0":
         try:
-            from torch.utils.cpp_extension import _get_build_directory, load
+            module = prebuilt_module()
+            if module is not None:
+                logger.info("CPU kernels for %s (prebuilt: %s)", module.kernels_isa(), os.path.basename(module.__file__))
+            else:
+                from torch.utils.cpp_extension import _get_build_directory, load
 
-            _ensure_ninja_on_path()
-            isa = isa_flags()
-            name = "host_cpu_kernels_v10"
-            build_directory = _get_build_directory(name, verbose=False)
-            module = load(
-                name=name,
-                sources=_stage_sources(build_directory),
-                build_directory=build_directory,
-                # -fopenmp: at::parallel_for is an OpenMP region compiled into this module.
-                # -fno-associative-math: the compiler may not regroup float sums, which it would
-                # do differently in each batch-size variant of a kernel (a row's result must not
-                # depend on the rows computed beside it; the vector code is written out by hand)
-                extra_cflags=["-O3", *isa, "-mtune=native", "-ffast-math", "-fno-finite-math-only",
-                              "-fno-associative-math", "-fopenmp"],
-                extra_ldflags=["-fopenmp"],
-                verbose=False,
-            )
+                _ensure_ninja_on_path()
+                isa = isa_flags()
+                build_directory = _get_build_directory(JIT_MODULE_NAME, verbose=False)
+                module = load(
+                    name=JIT_MODULE_NAME,
+                    sources=_stage_sources(build_directory),
+                    build_directory=build_directory,
+                    extra_cflags=[*CFLAGS, *isa],
+                    extra_ldflags=list(LDFLAGS),
+                    verbose=False,
+                )
+                logger.info("CPU kernels built for %s", module.kernels_isa())
         except Exception as exc:  # noqa: BLE001 - fall back to the torch paths, loudly
             logger.warning("CPU kernels could not be built (%s: %s); using the torch paths", type(exc).__name__, exc)
-    if module is not None:
-        logger.info("CPU kernels built for %s", module.kernels_isa())
+            module = None
     _MODULE.append(module)
     return module
 
