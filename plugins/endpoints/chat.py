@@ -265,7 +265,7 @@ def _chat_response(result: Any, request_id: str, created: int, model: str, top: 
     return FastJSONResponse({
         "id": request_id, "object": "chat.completion", "created": created, "model": model,
         "choices": choices, "usage": usage([result], shape.details),
-        "prompt_logprobs": prompt_logprobs_json(result) if shape.prompt_logprobs else None,
+        "prompt_logprobs": prompt_logprobs_json(result, shape.prompt_logprobs) if shape.prompt_logprobs is not None else None,
         **({"prompt_token_ids": result.prompt_token_ids} if shape.token_ids else {}),
         **({"kv_transfer_params": result.kv_transfer_params} if result.kv_transfer_params is not None else {}),
     })
