@@ -74,10 +74,10 @@ def chat_echo(body: Any) -> str:
 
 def check_stream_options(body: Any) -> None:
     """``stream_options`` only with ``stream: true``, and no ``prompt_logprobs`` in a stream
-    (vLLM's 400s)."""
+    (vLLM's 400s; ``prompt_logprobs: 0`` passes, as on vLLM, and a stream carries none)."""
     if body.stream_options is not None and not body.stream:
         raise APIError(400, "Stream options can only be defined when `stream=True`.", param="stream_options")
-    if body.stream and body.prompt_logprobs is not None:
+    if body.stream and body.prompt_logprobs not in (None, 0):
         raise APIError(400, "`prompt_logprobs` are not available when `stream=True`; "
                        "ask for them in a request without streaming", param="prompt_logprobs")
 

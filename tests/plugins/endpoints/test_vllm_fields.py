@@ -263,7 +263,8 @@ def _reference_rows(hf, ids: list[int]):
 
 def test_chat_logprobs_is_lax_as_vllm(client, model, hf_default):
     """vLLM's ``logprobs: bool | None`` is pydantic's lax bool: ``1`` (as some clients send it),
-    ``"true"``, ``"yes"`` are true; ``0``, ``"off"``, ``null`` false; ``2`` or ``"maybe"`` a 400."""
+    ``"true"``, ``"yes"`` are true; ``0``, ``"off"``, ``null`` false; ``2`` or ``"maybe"`` a 400.
+    The logprobs are transformers' on the same weights."""
     messages = [{"role": "user", "content": "Name a colour."}]
     kw = dict(model=model, messages=messages, max_tokens=3, temperature=0, extra_body={"return_token_ids": True, "ignore_eos": True})
     on = client.chat.completions.create(logprobs=1, **kw)
@@ -279,6 +280,15 @@ def test_chat_logprobs_is_lax_as_vllm(client, model, hf_default):
     for value in (2, "maybe"):
         with pytest.raises(openai.BadRequestError, match="logprobs"):
             client.chat.completions.create(logprobs=value, **kw)
+    # vLLM's other logprob leniencies: top_logprobs 0 without logprobs, prompt_logprobs 0 in a stream
+    assert client.chat.completions.create(top_logprobs=0, **kw).choices[0].logprobs is None
+    with pytest.raises(openai.BadRequestError, match="top_logprobs requires logprobs"):
+        client.chat.completions.create(top_logprobs=1, **kw)
+    stream_kw = {**kw, "extra_body": {"prompt_logprobs": 0, "ignore_eos": True}}
+    chunks = list(client.chat.completions.create(stream=True, **stream_kw))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == on.choices[0].message.content
+    with pytest.raises(openai.BadRequestError, match="stream=True"):
+        client.chat.completions.create(stream=True, **{**kw, "extra_body": {"prompt_logprobs": 1}})
 
 
 def _check_widths(plp, ids: list[int], width: int, rows) -> None:
