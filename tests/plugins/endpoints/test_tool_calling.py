@@ -191,15 +191,15 @@ def _tokenize(server: Server, body: dict) -> list[int]:
     return resp.json()["tokens"]
 
 
-@pytest.mark.parametrize("tool_choice", ["auto", {"type": "function", "function": {"name": "get_weather"}}])
-def test_return_token_ids_with_tools(client, model, server, tokenizer, tool_choice):
+@pytest.mark.parametrize("tool_choice, max_tokens", [("auto", 12), ({"type": "function", "function": {"name": "get_weather"}}, 40)])
+def test_return_token_ids_with_tools(client, model, server, tokenizer, tool_choice, max_tokens):
     """vLLM's test_chat_completion_with_tool_use (tests/entrypoints/openai/basic/
     test_return_token_ids.py), its assertions as written, plus: ``prompt_token_ids`` are the
     prompt ``/tokenize`` renders for the same messages and tools (the tools in it), ``token_ids``
     are what the logprobs and the usage count and decode to the reply (its text, or the call's
     arguments), and a stream sends the same ids (prompt ids in the first chunk only)."""
     messages = [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "What's the weather like in Paris?"}]
-    kw = dict(model=model, messages=messages, tools=TOOLS, tool_choice=tool_choice, max_tokens=40, temperature=0)
+    kw = dict(model=model, messages=messages, tools=TOOLS, tool_choice=tool_choice, max_tokens=max_tokens, temperature=0)
     response = client.chat.completions.create(**kw, logprobs=True, extra_body={"return_token_ids": True})
     choice = response.choices[0]
     assert isinstance(choice.token_ids, list) and isinstance(response.prompt_token_ids, list)
@@ -228,7 +228,7 @@ def test_return_token_ids_with_tools(client, model, server, tokenizer, tool_choi
             collected.extend(chunk.choices[0].token_ids)
     assert collected == choice.token_ids
 
-    without = client.chat.completions.create(**kw, logprobs=True, extra_body={"return_token_ids": False})
+    without = client.chat.completions.create(**{**kw, "max_tokens": 2}, logprobs=True, extra_body={"return_token_ids": False})
     assert without.choices[0].model_dump().get("token_ids") is None and without.model_dump().get("prompt_token_ids") is None
 
 

@@ -311,11 +311,12 @@ def test_prompt_logprobs_widths_as_vllm(client, model, tokenizer, hf_default):
     and a wider ``logprobs``, the echoed prompt gets that width and ``prompt_logprobs`` keeps N."""
     messages = [{"role": "system", "content": "You are a helpful assistant."},
                 {"role": "user", "content": "Who won the world series in 2020?"}]
+    rows = None
     for width in (0, 1, 2):
         chat = client.chat.completions.create(model=model, messages=messages, max_tokens=1,
                                               extra_body={"prompt_logprobs": width, "return_token_ids": True})
         ids = chat.prompt_token_ids
-        rows = _reference_rows(hf_default, ids)
+        rows = _reference_rows(hf_default, ids) if rows is None else rows
         _check_widths(chat.prompt_logprobs, ids, width, rows)
     assert any(len(p) == 2 for p in chat.prompt_logprobs[1:])  # width 2 and a prompt token outside the top 2: N + 1
 
