@@ -159,7 +159,7 @@ async def create_chat_completion(body: ChatCompletionRequest, raw: Request) -> A
     shape = ResponseShape(body, raw.app.state.settings)
     shape.echo = chat_echo(body)
     top = body.top_logprobs or 0
-    if body.top_logprobs is not None and not body.logprobs:
+    if body.top_logprobs not in (None, 0) and not body.logprobs:  # 0 without logprobs passes, as on vLLM
         raise APIError(400, "top_logprobs requires logprobs=true", param="top_logprobs")
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     default_max = max(1, raw.app.state.max_model_len - len(ids))
@@ -265,7 +265,7 @@ def _chat_response(result: Any, request_id: str, created: int, model: str, top: 
     return FastJSONResponse({
         "id": request_id, "object": "chat.completion", "created": created, "model": model,
         "choices": choices, "usage": usage([result], shape.details),
-        "prompt_logprobs": prompt_logprobs_json(result) if shape.prompt_logprobs else None,
+        "prompt_logprobs": prompt_logprobs_json(result, shape.prompt_logprobs) if shape.prompt_logprobs is not None else None,
         **({"prompt_token_ids": result.prompt_token_ids} if shape.token_ids else {}),
         **({"kv_transfer_params": result.kv_transfer_params} if result.kv_transfer_params is not None else {}),
     })

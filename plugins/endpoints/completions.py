@@ -193,7 +193,7 @@ def _completion_response(results: list[Any], params: Any, request_id: str, creat
             "logprobs": logprobs,
             "finish_reason": echo.finish(comp) if echo.only else comp.finish_reason,
             "stop_reason": None if echo.only else comp.stop_reason,
-            "prompt_logprobs": prompt_logprobs_json(result) if shape.prompt_logprobs else None,
+            "prompt_logprobs": prompt_logprobs_json(result, shape.prompt_logprobs) if shape.prompt_logprobs is not None else None,
         }
         if shape.token_ids:
             choice["prompt_token_ids"] = result.prompt_token_ids

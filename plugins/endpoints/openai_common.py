@@ -50,7 +50,7 @@ class ResponseShape:
     def __init__(self, body: Any, settings: Any) -> None:
         self.token_ids = bool(body.return_token_ids)
         self.as_ids = bool(body.return_tokens_as_token_ids)
-        self.prompt_logprobs = body.prompt_logprobs is not None
+        self.prompt_logprobs: int | None = body.prompt_logprobs  # the width asked (None: not asked)
         self.details = bool(getattr(settings, "enable_prompt_tokens_details", False))
         opts = body.stream_options
         self.include_usage = bool(opts and opts.include_usage)
@@ -74,10 +74,10 @@ def chat_echo(body: Any) -> str:
 
 def check_stream_options(body: Any) -> None:
     """``stream_options`` only with ``stream: true``, and no ``prompt_logprobs`` in a stream
-    (vLLM's 400s)."""
+    (vLLM's 400s; ``prompt_logprobs: 0`` passes, as on vLLM, and a stream carries none)."""
     if body.stream_options is not None and not body.stream:
         raise APIError(400, "Stream options can only be defined when `stream=True`.", param="stream_options")
-    if body.stream and body.prompt_logprobs is not None:
+    if body.stream and body.prompt_logprobs not in (None, 0):
         raise APIError(400, "`prompt_logprobs` are not available when `stream=True`; "
                        "ask for them in a request without streaming", param="prompt_logprobs")
 
@@ -174,17 +174,21 @@ def chat_logprobs(comp: Any, start: int, end: int, top: int, tokenizer: Any, as_
     return {"content": content}
 
 
-def prompt_logprobs_json(result: Any) -> list[Any] | None:
+def prompt_logprobs_json(result: Any, width: int) -> list[Any] | None:
     """vLLM's shape: one entry per prompt token (``None`` for the first), each
-    ``{token_id: {"logprob", "rank", "decoded_token"}}`` with string keys (JSON)."""
+    ``{token_id: {"logprob", "rank", "decoded_token"}}`` with string keys (JSON), holding the
+    ``width`` most likely tokens (-1: all computed) plus the prompt token itself when it is not
+    among them — ``width`` or ``width + 1`` entries, as vLLM. The engine may have computed more
+    (completions' ``echo`` with a larger ``logprobs``); those are left out."""
     if result.prompt_logprobs is None:
         return None
     return [
         None if pos is None else {
             str(t): {"logprob": max(lp.logprob, LOGPROB_FLOOR), "rank": lp.rank, "decoded_token": lp.decoded_token}
             for t, lp in pos.items()
+            if width < 0 or t == tok or (lp.rank is not None and lp.rank <= width)
         }
-        for pos in result.prompt_logprobs
+        for tok, pos in zip(result.prompt_token_ids, result.prompt_logprobs)
     ]
 
 

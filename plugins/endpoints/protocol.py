@@ -2,7 +2,7 @@
 
 Unknown fields are ignored, as OpenAI clients send more than we use, but the fields we read are
 strict about types (``"max_tokens": "10"`` or ``"stream": "yes"`` is a 400, not coerced; an
-integer is accepted where a number is), and no string anywhere in a body may hold a lone UTF-16
+integer is accepted where a number is; chat's ``logprobs`` alone is lax, as vLLM's: ``1`` is true), and no string anywhere in a body may hold a lone UTF-16
 surrogate (``"\\ud800"``: valid JSON, but not Unicode text a tokenizer can read). The vLLM extensions
 (``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``, ``ignore_eos``,
 ``stop_token_ids``, ``structured_outputs``, ``prompt_logprobs``, ...) travel in the body too
@@ -207,7 +207,9 @@ class ChatCompletionRequest(_SamplingFields):
     messages: list[dict[str, Any]]
     max_tokens: Optional[int] = None
     max_completion_tokens: Optional[int] = None
-    logprobs: bool = False
+    # lax, as vLLM's (pydantic's non-strict bool): 1/0, 1.0/0.0 and "true"/"false", "yes"/"no",
+    # "on"/"off", "t"/"f", "y"/"n", "1"/"0" are taken; null is false; 2 or "x" is a 400
+    logprobs: Optional[bool] = Field(False, strict=False)
     top_logprobs: Optional[int] = None
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Optional[Union[str, dict[str, Any]]] = None  # checked in .tool_calls

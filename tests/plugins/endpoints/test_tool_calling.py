@@ -169,3 +169,88 @@ def test_malformed_history_tool_calls_are_400(client, model, tool_calls, fragmen
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model=model, messages=messages, max_tokens=2)
     assert fragment in err.value.message and err.value.body["param"] == "messages[1].tool_calls"
+
+
+# -- vLLM's own OpenAI-server tests (tests/entrypoints/openai/...) against host serve: token ids with tools ----------
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    import transformers
+
+    from host.core.models.default_model import default_model_path
+
+    return transformers.AutoTokenizer.from_pretrained(default_model_path())
+
+
+def _tokenize(server: Server, body: dict) -> list[int]:
+    import httpx
+
+    resp = httpx.post(f"{server.url}/tokenize", json=body, timeout=60)
+    assert resp.status_code == 200, resp.text
+    return resp.json()["tokens"]
+
+
+@pytest.mark.parametrize("tool_choice, max_tokens", [("auto", 12), ({"type": "function", "function": {"name": "get_weather"}}, 40)])
+def test_return_token_ids_with_tools(client, model, server, tokenizer, tool_choice, max_tokens):
+    """vLLM's test_chat_completion_with_tool_use (tests/entrypoints/openai/basic/
+    test_return_token_ids.py), its assertions as written, plus: ``prompt_token_ids`` are the
+    prompt ``/tokenize`` renders for the same messages and tools (the tools in it), ``token_ids``
+    are what the logprobs and the usage count and decode to the reply (its text, or the call's
+    arguments), and a stream sends the same ids (prompt ids in the first chunk only)."""
+    messages = [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "What's the weather like in Paris?"}]
+    kw = dict(model=model, messages=messages, tools=TOOLS, tool_choice=tool_choice, max_tokens=max_tokens, temperature=0)
+    response = client.chat.completions.create(**kw, logprobs=True, extra_body={"return_token_ids": True})
+    choice = response.choices[0]
+    assert isinstance(choice.token_ids, list) and isinstance(response.prompt_token_ids, list)
+    prompt_text = tokenizer.decode(response.prompt_token_ids)
+    assert "You are a helpful assistant" in prompt_text and "What's the weather like in Paris?" in prompt_text
+    assert len(tokenizer.decode(choice.token_ids)) > 0
+    assert response.prompt_token_ids == _tokenize(server, {"messages": messages, "tools": TOOLS})
+    assert "get_weather" in prompt_text and len(response.prompt_token_ids) == response.usage.prompt_tokens
+    assert len(choice.token_ids) == response.usage.completion_tokens == len(choice.logprobs.content)
+    reply = tokenizer.decode(choice.token_ids, skip_special_tokens=True)
+    if choice.message.tool_calls:
+        [call] = choice.message.tool_calls
+        assert call.function.name == "get_weather" and json.loads(reply) == json.loads(call.function.arguments)
+    else:
+        assert choice.message.content == reply
+
+    collected, first = [], True
+    for chunk in client.chat.completions.create(**kw, stream=True, extra_body={"return_token_ids": True}):
+        dump = chunk.model_dump()
+        if first:
+            assert chunk.prompt_token_ids == response.prompt_token_ids
+            first = False
+        else:
+            assert "prompt_token_ids" not in dump, "Subsequent chunks should not have prompt_token_ids"
+        if chunk.choices and "token_ids" in chunk.choices[0].model_dump():
+            collected.extend(chunk.choices[0].token_ids)
+    assert collected == choice.token_ids
+
+    without = client.chat.completions.create(**{**kw, "max_tokens": 2}, logprobs=True, extra_body={"return_token_ids": False})
+    assert without.choices[0].model_dump().get("token_ids") is None and without.model_dump().get("prompt_token_ids") is None
+
+
+def test_tokenize_with_tools_renders_the_chat_prompt(client, model, server, tokenizer):
+    """vLLM's test_tokenize_chat_with_tools (tests/entrypoints/openai/test_tokenization.py) on a
+    template that has no ``tools`` (SmolLM2's): ``/tokenize`` gives the ids the chat route
+    prompts with, the tools written into the system message (host's rule for such templates,
+    docs/openai_api.md), where transformers' ``apply_chat_template(tools=...)`` drops them."""
+    tools = [{"type": "function", "function": {"name": "get_weather",
+                                               "parameters": {"type": "object", "properties": {"location": {"type": "string"}}}}}]
+    for add_generation in (False, True):
+        for continue_final in (False, True):
+            if add_generation and continue_final:
+                continue
+            conversation = [{"role": "user", "content": "What's the weather like in Paris today?"}]
+            if continue_final:
+                conversation.append({"role": "assistant", "content": "Sure,"})
+            options = {"add_generation_prompt": add_generation, "continue_final_message": continue_final}
+            ids = _tokenize(server, {"messages": conversation, "tools": tools, **options})
+            chat = client.chat.completions.create(model=model, messages=conversation, tools=tools, tool_choice="none", max_tokens=1,
+                                                  extra_body={"return_token_ids": True, **options})
+            assert ids == chat.prompt_token_ids
+            assert '"get_weather"' in tokenizer.decode(ids)
+            dropped = tokenizer.apply_chat_template(conversation, tools=tools, tokenize=True, return_dict=False, **options)
+            assert dropped == tokenizer.apply_chat_template(conversation, tokenize=True, return_dict=False, **options) != ids

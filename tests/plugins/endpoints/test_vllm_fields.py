@@ -247,3 +247,128 @@ def test_beam_search_on_both_routes_matches_transformers(client, model, tokenize
     with pytest.raises(openai.BadRequestError) as err:
         client.completions.create(model=model, prompt=PROMPT, n=2, max_tokens=4, top_p=0.5, extra_body=beam)
     assert "use_beam_search does not support top_p" in str(err.value)
+
+
+# -- vLLM's own OpenAI-server tests (tests/entrypoints/openai/...) against host serve: logprobs ----------------------
+
+
+def _reference_rows(hf, ids: list[int]):
+    """transformers' log-softmax over the vocabulary after each prefix of ``ids`` (row ``i - 1``
+    scores ``ids[i]``)."""
+    import torch
+
+    with torch.inference_mode():
+        return hf(torch.tensor([ids])).logits[0].float().log_softmax(-1)
+
+
+def test_chat_logprobs_is_lax_as_vllm(client, model, hf_default):
+    """vLLM's ``logprobs: bool | None`` is pydantic's lax bool: ``1`` (as some clients send it),
+    ``"true"``, ``"yes"`` are true; ``0``, ``"off"``, ``null`` false; ``2`` or ``"maybe"`` a 400.
+    The logprobs are transformers' on the same weights."""
+    messages = [{"role": "user", "content": "Name a colour."}]
+    kw = dict(model=model, messages=messages, max_tokens=3, temperature=0, extra_body={"return_token_ids": True, "ignore_eos": True})
+    on = client.chat.completions.create(logprobs=1, **kw)
+    ids, out = on.prompt_token_ids, on.choices[0].token_ids
+    rows = _reference_rows(hf_default, ids + out)
+    got = [e.logprob for e in on.choices[0].logprobs.content]
+    assert got == pytest.approx([rows[len(ids) + i - 1, t].item() for i, t in enumerate(out)], abs=1e-3)
+    for value in ("true", "yes", 1.0):
+        same = client.chat.completions.create(logprobs=value, **kw).choices[0].logprobs
+        assert [e.logprob for e in same.content] == pytest.approx(got, abs=1e-5)
+    for value in (0, "off", None):
+        assert client.chat.completions.create(logprobs=value, **kw).choices[0].logprobs is None
+    for value in (2, "maybe"):
+        with pytest.raises(openai.BadRequestError, match="logprobs"):
+            client.chat.completions.create(logprobs=value, **kw)
+    # vLLM's other logprob leniencies: top_logprobs 0 without logprobs, prompt_logprobs 0 in a stream
+    assert client.chat.completions.create(top_logprobs=0, **kw).choices[0].logprobs is None
+    with pytest.raises(openai.BadRequestError, match="top_logprobs requires logprobs"):
+        client.chat.completions.create(top_logprobs=1, **kw)
+    stream_kw = {**kw, "extra_body": {"prompt_logprobs": 0, "ignore_eos": True}}
+    chunks = list(client.chat.completions.create(stream=True, **stream_kw))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == on.choices[0].message.content
+    with pytest.raises(openai.BadRequestError, match="stream=True"):
+        client.chat.completions.create(stream=True, **{**kw, "extra_body": {"prompt_logprobs": 1}})
+
+
+def _check_widths(plp, ids: list[int], width: int, rows) -> None:
+    """vLLM's prompt_logprobs: ``None`` first; then the ``width`` most likely tokens (ranks
+    1..width) plus the prompt token when it is not among them, the values transformers'."""
+    assert len(plp) == len(ids) and plp[0] is None
+    for i in range(1, len(ids)):
+        pos, tok = plp[i], str(ids[i])
+        assert tok in pos and pos[tok]["logprob"] == pytest.approx(rows[i - 1, ids[i]].item(), abs=1e-3)
+        top = sorted((e for t, e in pos.items() if e["rank"] <= width), key=lambda e: e["rank"])
+        assert [e["rank"] for e in top] == list(range(1, width + 1))
+        assert len(pos) == width + (pos[tok]["rank"] > width)
+        best = rows[i - 1].topk(max(width, 1)).values.tolist()[:width]
+        assert [e["logprob"] for e in top] == pytest.approx(best, abs=1e-3)
+
+
+def test_prompt_logprobs_widths_as_vllm(client, model, tokenizer, hf_default):
+    """``prompt_logprobs: N`` gives N entries per position, N + 1 where the prompt token is not
+    among the N most likely (vLLM's rule), on chat and completions; with completions' ``echo``
+    and a wider ``logprobs``, the echoed prompt gets that width and ``prompt_logprobs`` keeps N."""
+    messages = [{"role": "system", "content": "You are a helpful assistant."},
+                {"role": "user", "content": "Who won the world series in 2020?"}]
+    rows = None
+    for width in (0, 1, 2):
+        chat = client.chat.completions.create(model=model, messages=messages, max_tokens=1,
+                                              extra_body={"prompt_logprobs": width, "return_token_ids": True})
+        ids = chat.prompt_token_ids
+        rows = _reference_rows(hf_default, ids) if rows is None else rows
+        _check_widths(chat.prompt_logprobs, ids, width, rows)
+    assert any(len(p) == 2 for p in chat.prompt_logprobs[1:])  # width 2 and a prompt token outside the top 2: N + 1
+
+    ids = tokenizer.encode(PROMPT)
+    rows = _reference_rows(hf_default, ids)
+    for width in (1, 2):
+        c = client.completions.create(model=model, prompt=PROMPT, max_tokens=1, extra_body={"prompt_logprobs": width}).choices[0]
+        _check_widths(c.prompt_logprobs, ids, width, rows)
+    echo = client.completions.create(model=model, prompt=PROMPT, max_tokens=1, echo=True, logprobs=3,
+                                     extra_body={"prompt_logprobs": 1}).choices[0]
+    _check_widths(echo.prompt_logprobs, ids, 1, rows)
+    assert all(len(top) in (3, 4) for top in echo.logprobs.top_logprobs[1:len(ids)])
+
+
+def test_generated_logprobs_equal_the_prompt_logprobs_of_the_same_tokens(client, model, tokenizer, hf_default):
+    """vLLM's test_comparison_with_prompt_logprobs_and_logprobs (tests/entrypoints/openai/basic/
+    test_return_token_ids.py), its assertions as written, plus: a generated token's logprob is its
+    prompt logprob once the output is sent back as a prompt (and transformers'). SmolLM2 answers
+    this prompt with special tokens (``<|im_end|>``, ``<|im_start|>``), which ``token_ids`` holds
+    and the text leaves out (on vLLM too): ``ignore_eos`` and ``skip_special_tokens: false`` keep
+    the 20 tokens and their text whole, as vLLM's tiny random model's output is."""
+    completion = client.completions.create(
+        model=model, prompt="Hello, world! How are you today?", max_tokens=20, temperature=0, echo=True, logprobs=1,
+        extra_body={"return_token_ids": True, "return_tokens_as_token_ids": True, "prompt_logprobs": 1, "ignore_eos": True,
+                    "skip_special_tokens": False},
+    )
+    choice = completion.choices[0]
+    assert choice.token_ids is not None and choice.prompt_token_ids is not None
+    assert choice.prompt_logprobs is not None and choice.logprobs is not None
+    logprobs_token_ids = [int(t.removeprefix("token_id:")) for t in choice.logprobs.tokens if t.startswith("token_id:")]
+    assert len(choice.token_ids) < len(logprobs_token_ids)
+    assert logprobs_token_ids[-len(choice.token_ids):] == choice.token_ids
+    assert logprobs_token_ids == choice.prompt_token_ids + choice.token_ids
+    assert "Hello, world" in tokenizer.decode(choice.prompt_token_ids)
+    assert choice.text.endswith(tokenizer.decode(choice.token_ids))
+
+    generated = choice.logprobs.token_logprobs[len(choice.prompt_token_ids):]
+    ids = choice.prompt_token_ids + choice.token_ids
+    again = client.completions.create(model=model, prompt=ids, max_tokens=1, extra_body={"prompt_logprobs": 1}).choices[0]
+    shared = [again.prompt_logprobs[len(choice.prompt_token_ids) + i][str(t)]["logprob"] for i, t in enumerate(choice.token_ids)]
+    assert shared == pytest.approx(generated, abs=1e-4)
+    rows = _reference_rows(hf_default, ids)
+    assert generated == pytest.approx([rows[len(choice.prompt_token_ids) + i - 1, t].item() for i, t in enumerate(choice.token_ids)], abs=1e-3)
+
+    streamed_prompt_token_ids, streamed_token_ids, streamed_logprob_token_ids = [], [], []
+    for n, chunk in enumerate(client.completions.create(
+        model=model, prompt="Tell me a short fact about Python:", max_tokens=30, temperature=0, stream=True, echo=False,
+        logprobs=1, extra_body={"return_token_ids": True, "return_tokens_as_token_ids": True},
+    )):
+        streamed_logprob_token_ids += [int(t.removeprefix("token_id:")) for t in chunk.choices[0].logprobs.tokens]
+        if n == 0:
+            streamed_prompt_token_ids = chunk.choices[0].prompt_token_ids
+        streamed_token_ids += chunk.choices[0].token_ids
+    assert streamed_prompt_token_ids == tokenizer.encode("Tell me a short fact about Python:")
+    assert streamed_token_ids == streamed_logprob_token_ids and streamed_token_ids

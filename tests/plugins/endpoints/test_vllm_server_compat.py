@@ -22,8 +22,10 @@ TYPED = "HuggingFaceTB/SmolLM2-135M-Instruct"
 KEY = "sekret"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 # ChatML without the default system prompt SmolLM2's own template adds: renders differ, so a test
-# can tell which template was used
+# can tell which template was used; tools, when a request has them, in a system turn first (a
+# template that renders tools, as Qwen's and Llama 3's do)
 TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n# Tools\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}<|im_end|>\n{% endif %}"
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
@@ -176,3 +178,37 @@ def test_routes_behind_a_flag_are_404_without_it(plugin_host, tiny_checkpoint):
     test_client = TestClient(build_app(config, ServerSettings(), plugin_host, start_engine=False))
     assert test_client.get("/tokenizer_info").status_code == 404
     assert test_client.get("/load").status_code == 404
+
+
+# -- vLLM's own OpenAI-server tests (tests/entrypoints/openai/...) against host serve: /tokenize with tools ----------
+
+
+def test_tokenize_chat_with_tools(client, server, tokenizer):
+    """vLLM's test_tokenize_chat_with_tools (tests/entrypoints/openai/test_tokenization.py), its
+    assertions as written, on a template that renders ``tools`` (``--chat-template``): the ids are
+    transformers' ``apply_chat_template(..., tools=tools)`` tokenized, and the chat route with the
+    same tools prompts with them."""
+    tools = [{"type": "function", "function": {"name": "get_weather",
+                                               "parameters": {"type": "object", "properties": {"location": {"type": "string"}}}}}]
+    for add_generation in (False, True):
+        for add_special in (False, True):
+            conversation = [{"role": "user", "content": "What's the weather like in Paris today?"}]
+            for continue_final in (False, True):
+                if add_generation and continue_final:
+                    continue
+                if continue_final:
+                    conversation.append({"role": "assistant", "content": "Sure,"})
+                options = {"add_generation_prompt": add_generation, "continue_final_message": continue_final}
+                prompt = tokenizer.apply_chat_template(conversation, tools=tools, chat_template=TEMPLATE, tokenize=False, **options)
+                tokens = tokenizer.encode(prompt, add_special_tokens=add_special)
+                result = post(server, "/tokenize", {**options, "add_special_tokens": add_special, "messages": conversation,
+                                                    "model": TYPED, "tools": tools}).json()
+                assert result["tokens"] == tokens
+                assert result["count"] == len(tokens) and result["max_model_len"] == 1024 and result["token_strs"] is None
+                assert '"get_weather"' in prompt
+                if not add_special:
+                    assert tokens == tokenizer.apply_chat_template(conversation, tools=tools, chat_template=TEMPLATE, tokenize=True,
+                                                                   return_dict=False, **options)
+                    chat = client.chat.completions.create(model=TYPED, messages=conversation, tools=tools, max_tokens=1,
+                                                          extra_body={"return_token_ids": True, **options})
+                    assert chat.prompt_token_ids == tokens
