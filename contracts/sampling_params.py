@@ -20,10 +20,19 @@ FLOAT32_MAX = 3.4028234663852886e38  # the engine samples in float32: a larger v
 
 
 def check_int(name: str, value: Any, lo: int = INT64_MIN, hi: int = INT64_MAX, hint: str = "") -> int:
-    """``value`` as an ``int`` in ``[lo, hi]``, or ``ValueError`` naming ``name`` and the range."""
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise ValueError(f"{name}={value!r} must be an integer in [{lo}, {hi}]{hint}")
-    return value
+    """``value`` as an ``int`` in ``[lo, hi]``, or ``ValueError`` naming ``name``, the range and
+    the bound it broke as pydantic's error type (``[type=greater_than_equal]``,
+    ``[type=less_than_equal]``, ``[type=int_type]``), the words vLLM's pydantic errors carry
+    and clients match on."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        kind = "int_type"
+    elif value < lo:
+        kind = "greater_than_equal"
+    elif value > hi:
+        kind = "less_than_equal"
+    else:
+        return value
+    raise ValueError(f"{name}={value!r} must be an integer in [{lo}, {hi}]{hint} [type={kind}]")
 
 
 def check_finite(name: str, value: Any) -> float:
@@ -284,7 +293,7 @@ class SamplingParams:
             bad = [t for t in ids if t >= vocab_size]
             if bad:
                 shown = ", ".join(str(t) for t in sorted(bad)[:10]) + (f" (and {len(bad) - 10} more)" if len(bad) > 10 else "")
-                raise ValueError(f"{name} has token ids outside the vocabulary [0, {vocab_size}): {shown}")
+                raise ValueError(f"{name} has token ids out of vocabulary (the vocabulary is [0, {vocab_size})): {shown}")
 
         check("logit_bias", (self.logit_bias or {}).keys())
         check("allowed_token_ids", self.allowed_token_ids or [])

@@ -106,8 +106,8 @@ class StatLoggerContext:
 
     - ``config``: the ``EngineConfig``;
     - ``model_name``: the served model name (the ``model_name`` label);
-    - ``metrics_prefix``: the metric names' prefix, ``host`` or ``vllm``
-      (``--metrics-prefix``);
+    - ``metrics_prefix``: the metric names' prefix, ``vllm`` (the default, vLLM's names) or
+      ``host`` (``--metrics-prefix``);
     - ``registry``: the ``prometheus_client.CollectorRegistry`` that ``/metrics`` renders;
     - ``engine_info``: what the engine reported at start-up (``num_gpu_blocks``,
       ``block_size``, ``platform``, ...);
@@ -117,7 +117,7 @@ class StatLoggerContext:
     config: Any = None
     model_name: str = "default"
     engine_index: int = 0
-    metrics_prefix: str = "host"
+    metrics_prefix: str = "vllm"
     registry: Any = None
     engine_info: dict[str, Any] = field(default_factory=dict)
     log_interval: float = 10.0

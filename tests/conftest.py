@@ -52,8 +52,8 @@ def flags_server(tmp_path_factory: pytest.TempPathFactory):
       largest requests under the body limit, the caps);
     - ``--max-sequences-per-request 16``: plugins/endpoints/test_request_limits.py (refused values,
       the sequences cap);
-    - ``--disable-log-stats --log-stats-interval 0.5``: plugins/stat_loggers/
-      test_server_stat_loggers.py (no periodic stats line, the default metrics prefix);
+    - ``--disable-log-stats --log-stats-interval 0.5 --metrics-prefix host``: plugins/stat_loggers/
+      test_server_stat_loggers.py (no periodic stats line, host's own metric names);
     - ``--enable-auto-tool-choice --tool-call-parser hermes``: plugins/endpoints/
       test_tool_calling.py (only requests with ``tools`` reach the parser);
     - ``--enable-prompt-tokens-details --block-size 16``: plugins/endpoints/test_vllm_fields.py
@@ -65,6 +65,7 @@ def flags_server(tmp_path_factory: pytest.TempPathFactory):
 
     args = ["--served-model-name", "m", "--max-request-bytes", str(FLAGS_BODY_BYTES),
             "--max-sequences-per-request", str(FLAGS_SEQUENCES), "--disable-log-stats", "--log-stats-interval", "0.5",
+            "--metrics-prefix", "host",
             "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--enable-prompt-tokens-details", "--block-size", "16"]
     with run_server(tmp_path_factory.mktemp("flags"), args) as server:
         yield server

@@ -73,13 +73,13 @@ class ServerSettings:
         min=1, help="Most open connections (and tasks) before new requests get 503 (default: no limit)."
     )
     # stat loggers (host.core.frontend.stat_loggers): NAME[:ARG] entries, the metric names' prefix
-    # (host: or vllm:), the periodic log line's interval and its switch
+    # (vllm: or host:), the periodic log line's interval and its switch
     stat_loggers: list[str] = flag(
         factory=list,
         help="Extra stat loggers, NAME[:ARG] (repeat or comma-separate), e.g. jsonl:/var/log/host-stats.jsonl.",
     )
     metrics_prefix: str = flag(
-        "host", help="Prefix of the /metrics names: 'host' (host:...) or 'vllm' (vllm:..., for vLLM dashboards)."
+        "vllm", help="Prefix of the /metrics names: 'vllm' (vllm:..., vLLM's names, so vLLM dashboards work) or 'host' (host:...)."
     )
     log_stats_interval: float = flag(
         10.0, min=0.01, help="Seconds between the stats log lines (and the stat loggers' log() calls)."

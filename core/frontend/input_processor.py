@@ -97,7 +97,7 @@ class InputProcessor:
                 )
         for i, (_, ids) in enumerate(out):
             if not ids:
-                raise ValueError(f"prompts[{i}] is empty; give at least one token")
+                raise ValueError(f"prompts[{i}]: the decoder prompt cannot be empty; give at least one token")
             self._check_vocab(ids, f"prompts[{i}]")
         return out
 
@@ -112,7 +112,7 @@ class InputProcessor:
             shown = ", ".join(f"{t} at position {i}" for i, t in bad[:10])
             more = f" (and {len(bad) - 10} more)" if len(bad) > 10 else ""
             raise ValueError(
-                f"{what} has token ids outside the vocabulary [0, {self.vocab_size}): {shown}{more}; "
+                f"{what} has token ids out of vocabulary (the vocabulary is [0, {self.vocab_size})): {shown}{more}; "
                 "send ids this model's tokenizer produces"
             )
 
@@ -123,7 +123,7 @@ class InputProcessor:
         large text before converting its ids to Python)."""
         max_len = self.max_model_len
         if n == 0:
-            raise ValueError("the prompt is empty; send at least one token")
+            raise ValueError("the decoder prompt cannot be empty; send at least one token")
         if whole_request_fits and n >= max_len:
             raise ValueError(
                 f"the prompt has {n} tokens but this server's max_model_len is {max_len}; "

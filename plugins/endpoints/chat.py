@@ -33,6 +33,8 @@ from host.plugins.endpoints.common import (
 )
 from host.plugins.endpoints.lora_registry import lora_request_for
 from host.plugins.endpoints.openai_common import (
+    CHAT_MESSAGE_NULLS,
+    CHAT_RESPONSE_NULLS,
     ChoiceCursor,
     ResponseShape,
     chat_echo,
@@ -254,7 +256,7 @@ def _chat_response(result: Any, request_id: str, created: int, model: str, top: 
     choices = [
         {
             "index": comp.index,
-            "message": messages[comp.index][0],
+            "message": {**CHAT_MESSAGE_NULLS, **messages[comp.index][0]},
             "logprobs": chat_logprobs(comp, 0, len(comp.token_ids), top, tokenizer, shape.as_ids),
             "finish_reason": messages[comp.index][1],
             "stop_reason": comp.stop_reason,
@@ -264,7 +266,7 @@ def _chat_response(result: Any, request_id: str, created: int, model: str, top: 
     ]
     return FastJSONResponse({
         "id": request_id, "object": "chat.completion", "created": created, "model": model,
-        "choices": choices, "usage": usage([result], shape.details),
+        "choices": choices, "usage": usage([result], shape.details), **CHAT_RESPONSE_NULLS,
         "prompt_logprobs": prompt_logprobs_json(result, shape.prompt_logprobs) if shape.prompt_logprobs is not None else None,
         **({"prompt_token_ids": result.prompt_token_ids} if shape.token_ids else {}),
         **({"kv_transfer_params": result.kv_transfer_params} if result.kv_transfer_params is not None else {}),

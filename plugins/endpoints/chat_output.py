@@ -69,6 +69,10 @@ class ChoiceStream:
         return self.tools is not None and self.tools.called
 
     def feed(self, text: str, final: bool) -> dict[str, Any]:
+        """The next delta. Without parsers it always has ``content``, ``""`` when a step added
+        no text (a token that completes no character, a finish on a stop string), as vLLM sends
+        it: clients concatenate ``delta.content`` of every chunk, and ``null`` breaks them. With
+        parsers a delta holds what changed, and ``content: ""`` when nothing did."""
         delta: dict[str, Any] = {}
         content = text
         if self.reasoning is not None:
@@ -77,7 +81,9 @@ class ChoiceStream:
                 delta["reasoning_content"] = delta["reasoning"] = reasoning
         if self.tools is not None:
             delta.update(self.tools.finish(content) if final else self.tools.feed(content))
-        elif len(content) > self.sent:
-            delta["content"] = content[self.sent:]
-            self.sent = len(content)
-        return delta
+        else:
+            new = content[self.sent:]
+            if new or self.reasoning is None:
+                delta["content"] = new
+            self.sent = max(self.sent, len(content))
+        return delta or {"content": ""}

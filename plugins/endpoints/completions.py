@@ -40,6 +40,7 @@ from host.plugins.endpoints.common import (
 )
 from host.plugins.endpoints.lora_registry import lora_request_for
 from host.plugins.endpoints.openai_common import (
+    COMPLETION_RESPONSE_NULLS,
     ChoiceCursor,
     ResponseShape,
     check_sequences,
@@ -60,20 +61,28 @@ from host.sdk import APIError, EndpointPlugin
 
 logger = logging.getLogger("host.api")
 
+NO_PROMPT = "Either prompt or prompt_embeds must be provided and non-empty."
+"""vLLM's 400 for a completion without a prompt (clients and vLLM's tests match these words)."""
+EMPTY_PROMPT = "the decoder prompt cannot be empty; send at least one token"
+"""The 400 for an empty prompt in a list, vLLM's words (``input_processor`` says the same)."""
+
 
 def _completion_prompts(
     prompt: Any, tokenizer: Any, check: Any, process: Any, truncate: Any,
 ) -> list[tuple[str | None, list[int]]]:
     """``(text or None, ids)`` per prompt; a truncated prompt's text is ``None`` (no longer what
-    was sent)."""
+    was sent). ``prompt`` is not empty (:func:`create_completion` checked); an empty entry of a
+    list is a 400 in vLLM's words, "the decoder prompt cannot be empty"."""
     if isinstance(prompt, str):
         prompt = [prompt]
-    if not isinstance(prompt, list) or not prompt:
+    if not isinstance(prompt, list):
         raise APIError(400, "prompt must be a non-empty string, list of strings, or token ids", param="prompt")
     if all(isinstance(t, int) for t in prompt):
         prompt = [prompt]
     out: list[tuple[str | None, list[int]]] = []
     for p in prompt:
+        if p == "" or p == []:
+            raise APIError(400, EMPTY_PROMPT, param="prompt")
         if isinstance(p, str):
             text: str | None = p
             ids = encode_text(tokenizer, p, check=check, process=process)
@@ -131,6 +140,10 @@ async def create_completion(body: CompletionRequest, raw: Request) -> Any:
     model = check_model(raw, body.model)
     if body.suffix is not None:
         raise APIError(400, "suffix is not supported", param="suffix")
+    if body.prompt_embeds is not None and body.prompt_embeds != []:
+        raise APIError(400, "prompt_embeds is not supported: host takes prompts as text or token ids; send prompt", param="prompt_embeds")
+    if body.prompt is None or body.prompt == "" or body.prompt == []:  # vLLM's words for no prompt
+        raise APIError(400, f"{NO_PROMPT} (host takes prompts as text or token ids)", param="prompt")
     check_stream_options(body)
     check_counts(body)
     tokenizer = engine.tokenizer
@@ -202,7 +215,7 @@ def _completion_response(results: list[Any], params: Any, request_id: str, creat
     transfer = next((r.kv_transfer_params for r in results if r.kv_transfer_params is not None), None)
     return FastJSONResponse({
         "id": request_id, "object": "text_completion", "created": created, "model": model,
-        "choices": choices, "usage": shape.usage(results),
+        "choices": choices, "usage": shape.usage(results), **COMPLETION_RESPONSE_NULLS,
         **({"kv_transfer_params": transfer} if transfer is not None else {}),
     })
 

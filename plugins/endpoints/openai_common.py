@@ -19,6 +19,17 @@ from host.sdk.sampling_params import BeamSearchParams
 
 logger = logging.getLogger("host.api")
 
+# The fields of the official client's response models (openai 3.57) that host has no value for,
+# sent as null so that a body has every key the client's model declares: a client's
+# ``model_dump()`` then equals the raw JSON (vLLM's test_invocations compares the two), as
+# vLLM's responses do.
+CHAT_RESPONSE_NULLS: dict[str, Any] = {"metadata": None, "moderation": None, "service_tier": None, "system_fingerprint": None}
+"""``ChatCompletion``'s fields host leaves null."""
+CHAT_MESSAGE_NULLS: dict[str, Any] = {"refusal": None, "annotations": None, "audio": None, "function_call": None, "tool_calls": None}
+"""``ChatCompletionMessage``'s fields host leaves null (``tool_calls`` is set when there are calls)."""
+COMPLETION_RESPONSE_NULLS: dict[str, Any] = {"system_fingerprint": None}
+"""``Completion``'s fields host leaves null."""
+
 
 def merge_choices(results: list[Any], n: int) -> list[tuple[int, Any]]:
     """``(choice index, CompletionOutput)`` over prompts, ``n`` choices each."""

@@ -56,7 +56,7 @@ def _tokenize_all(items: list[str | list[int]], tokenizer: Any, process: Any, vo
         else:
             if vocab is not None and any(t < 0 or t >= vocab for t in item):
                 bad = next(t for t in item if t < 0 or t >= vocab)
-                raise APIError(400, f"{param}[{i}] holds token id {bad}, outside the vocabulary [0, {vocab})", param=param)
+                raise APIError(400, f"{param}[{i}] holds token id {bad}, out of vocabulary (the vocabulary is [0, {vocab}))", param=param)
             out.append(list(item))
     return out
 

@@ -196,7 +196,9 @@ class _SamplingFields(_Body):
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: Union[str, list[str], list[int], list[list[int]]]
+    # None: checked by the route, which answers vLLM's 400 for a missing or empty prompt
+    prompt: Optional[Union[str, list[str], list[int], list[list[int]]]] = None
+    prompt_embeds: Any = None  # refused by the route (prompts are text or token ids); read to say so
     max_tokens: Optional[int] = 16
     logprobs: Optional[int] = None
     echo: bool = False

@@ -2,8 +2,8 @@
 process.
 
 The names, label names and bucket edges are vLLM's (``vllm/v1/metrics/loggers.py``), so a
-dashboard built for vLLM works once the prefix matches (``--metrics-prefix vllm`` gives
-``vllm:``; the default is ``host:``). prometheus_client adds ``_total`` to counters, as it does
+dashboard built for vLLM works unchanged: the default prefix is vLLM's ``vllm:``
+(``--metrics-prefix host`` gives ``host:``). prometheus_client adds ``_total`` to counters, as it does
 for vLLM. Every series has the labels ``model_name`` and ``engine``, except
 ``cache_config_info``, which has the cache settings and ``engine``, as in vLLM.
 
@@ -88,7 +88,7 @@ class PrometheusStatLogger(StatLogger):
         ctx = self.context
         prefix = ctx.metrics_prefix
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", prefix or ""):
-            raise ValueError(f"metrics prefix {prefix!r} is not a Prometheus name; use e.g. 'host' or 'vllm'")
+            raise ValueError(f"metrics prefix {prefix!r} is not a Prometheus name; use e.g. 'vllm' or 'host'")
         self.registry = ctx.registry if ctx.registry is not None else CollectorRegistry()
         self.prefix = prefix
         labels = ["model_name", "engine"]

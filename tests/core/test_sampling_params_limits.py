@@ -118,3 +118,20 @@ def test_priority_is_a_64_bit_integer(engine_config, priority):
         _processor(engine_config).process("r", [1, 2], SamplingParams(), priority=priority)
     request = _processor(engine_config).process("r", [1, 2], SamplingParams(), priority=INT64_MIN)
     assert to_engine_decoder.decode(encoder.encode(request)).priority == INT64_MIN
+
+
+def test_vllms_words_for_bad_values(engine_config):
+    """The words vLLM's errors carry, which clients and vLLM's tests match: pydantic's type of the
+    bound an integer broke, "decoder prompt cannot be empty" (vLLM's LLM test), "out of
+    vocabulary" (its prompt-validation test)."""
+    with pytest.raises(ValueError, match=r"seed=.*\[type=greater_than_equal\]"):
+        SamplingParams(seed=INT64_MIN - 1)
+    with pytest.raises(ValueError, match=r"seed=.*\[type=less_than_equal\]"):
+        SamplingParams(seed=INT64_MAX + 1)
+    processor = _processor(engine_config)
+    with pytest.raises(ValueError, match="decoder prompt cannot be empty"):
+        processor.normalize_prompts([{"prompt_token_ids": [1]}, {"prompt_token_ids": []}])
+    with pytest.raises(ValueError, match="decoder prompt cannot be empty"):
+        processor.validate([], SamplingParams())
+    with pytest.raises(ValueError, match="out of vocabulary"):
+        processor.normalize_prompts({"prompt_token_ids": [999999]})

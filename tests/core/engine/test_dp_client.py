@@ -68,11 +68,11 @@ def test_one_logger_set_per_engine_each_fed_its_own_steps(dp_config):
         for fam in text_string_to_metric_families(generate_latest(registry).decode())
         for s in fam.samples
     }
-    assert samples[("host:num_requests_running", "0")] == 1 and samples[("host:num_requests_running", "1")] == 2
+    assert samples[("vllm:num_requests_running", "0")] == 1 and samples[("vllm:num_requests_running", "1")] == 2
     # each engine's totals are differenced against its own previous snapshot
-    assert samples[("host:prefix_cache_queries_total", "1")] == 10
-    assert samples[("host:prefix_cache_queries_total", "0")] == 2
-    assert samples[("host:cache_config_info", "0")] == 1 and samples[("host:cache_config_info", "1")] == 1
+    assert samples[("vllm:prefix_cache_queries_total", "1")] == 10
+    assert samples[("vllm:prefix_cache_queries_total", "0")] == 2
+    assert samples[("vllm:cache_config_info", "0")] == 1 and samples[("vllm:cache_config_info", "1")] == 1
 
 
 def test_offline_llm_with_two_engines_matches_transformers(tiny_checkpoint):

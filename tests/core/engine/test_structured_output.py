@@ -171,5 +171,5 @@ def test_reasoning_end_is_a_token_sequence_and_may_be_in_the_prompt():
     assert contains([1, 5, 6, 2], [5, 6]) and not contains([5, 1, 6], [5, 6]) and not contains([5], [5, 6])
     with pytest.raises(ValueError, match="reasoning_end_token_ids"):
         StructuredOutputsParams(json_object=True, reasoning_end_token_ids=[])
-    with pytest.raises(ValueError, match="outside the vocabulary"):
+    with pytest.raises(ValueError, match="out of vocabulary"):
         SamplingParams(structured_outputs={"json_object": True, "reasoning_end_token_ids": [10**9]}).verify(1000)

@@ -273,5 +273,5 @@ def test_async_scheduling_server_keeps_streams_apart(shared_server):
         assert finish == "length"
         assert text == httpx.post(f"{server.url}/detokenize", json={"tokens": [target] * n}).json()["prompt"]
     metrics = httpx.get(f"{server.url}/metrics").text
-    for name in ("host:num_requests_running", "host:kv_cache_usage_perc"):
+    for name in ("vllm:num_requests_running", "vllm:kv_cache_usage_perc"):
         assert float(re.search(rf"^{name}\{{[^}}]*\}} (\S+)$", metrics, re.M).group(1)) == 0

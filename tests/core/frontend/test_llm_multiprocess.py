@@ -61,7 +61,7 @@ def test_multiprocess_n_logprobs_and_stats(mp_llm):
 
 
 def test_multiprocess_bad_input_fails_only_that_call(mp_llm):
-    with pytest.raises(ValueError, match="outside the vocabulary"):
+    with pytest.raises(ValueError, match="out of vocabulary"):
         mp_llm.generate([{"prompt_token_ids": [1, 2, 100000]}])
     with pytest.raises(ValueError, match="temperature"):
         mp_llm.generate([{"prompt_token_ids": [1, 2]}], SamplingParams(temperature=-1.0))

@@ -135,7 +135,7 @@ def test_fully_cached_prompt_recomputes_its_last_token(tiny_models):
 def test_abort_and_bad_input_free_blocks(tiny_models):
     path, _ = tiny_models["llama"]
     llm = LLM(path, skip_tokenizer_init=True, max_model_len=64)
-    with pytest.raises(ValueError, match="outside the vocabulary"):
+    with pytest.raises(ValueError, match="out of vocabulary"):
         llm.generate([{"prompt_token_ids": [1, 2, 99999]}])
     with pytest.raises(ValueError, match="max_model_len"):
         # the first prompt is fine and already queued when the second is rejected

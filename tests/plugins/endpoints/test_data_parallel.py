@@ -46,11 +46,11 @@ def served(tmp_path_factory, tiny_checkpoint):
 
 
 def _samples(server, name: str) -> dict[tuple, float]:
-    """``{(engine, finished_reason or None): value}`` of one ``host:`` family in /metrics."""
+    """``{(engine, finished_reason or None): value}`` of one ``vllm:`` family in /metrics."""
     out = {}
     for fam in text_string_to_metric_families(httpx.get(f"{server.url}/metrics").text):
         for s in fam.samples:
-            if s.name == f"host:{name}":
+            if s.name == f"vllm:{name}":
                 out[(s.labels["engine"], s.labels.get("finished_reason"))] = s.value
     return out
 

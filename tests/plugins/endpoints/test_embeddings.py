@@ -205,8 +205,8 @@ def test_generation_routes_name_the_runner_flag(server, model):
 def test_the_pool_is_all_free_afterwards(server, model):
     asyncio.run(_load(server, model))
     text = httpx.get(f"{server.url}/metrics", timeout=30).text
-    usage = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("host:kv_cache_usage_perc")]
-    running = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("host:num_requests_running")]
+    usage = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:kv_cache_usage_perc")]
+    running = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:num_requests_running")]
     assert usage and usage[0] == 0.0 and running and running[0] == 0.0, text[:2000]
 
 

@@ -163,7 +163,7 @@ def test_concurrent_requests_to_two_adapters_with_max_loras_1_all_complete(serve
     from prometheus_client.parser import text_string_to_metric_families
 
     text = httpx.get(f"{server.url}/metrics", timeout=30).text
-    seen = [s.labels for f in text_string_to_metric_families(text) if f.name == "host:lora_requests_info" for s in f.samples]
+    seen = [s.labels for f in text_string_to_metric_families(text) if f.name == "vllm:lora_requests_info" for s in f.samples]
     assert seen and all(s["max_lora"] == "1" for s in seen)
     assert all(len(s["running_lora_adapters"].split(",")) <= 1 for s in seen)  # never two adapters at once
     assert {s["running_lora_adapters"] for s in seen} >= {"a", "b"}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 
 import httpx
 import jsonschema
@@ -166,7 +167,7 @@ def test_errors_are_openai_shaped_and_harmless(server):
     assert r.status_code == 400 and "could not be compiled" in _err(r)["message"]
     # the server still serves, and no request holds blocks
     assert httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=60).status_code == 200
-    assert metric(server, "host:num_requests_running") == 0
+    assert metric(server, "vllm:num_requests_running") == 0
 
 
 def test_tokenize_detokenize_version_plugins_metrics(server):
@@ -185,13 +186,13 @@ def test_tokenize_detokenize_version_plugins_metrics(server):
     assert {"host.attention_backends", "host.executors"} <= engine_groups
     assert "host.attention_backends" not in api_groups
     text = httpx.get(f"{url}/metrics", timeout=60).text
-    for family in ("host:time_to_first_token_seconds", "host:inter_token_latency_seconds", "host:e2e_request_latency_seconds",
-                   "host:num_requests_waiting", "host:kv_cache_usage_perc", "host:prefix_cache_hit_rate", "host:request_success_total"):
+    for family in ("vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds", "vllm:e2e_request_latency_seconds",
+                   "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:prefix_cache_hit_rate", "vllm:request_success_total"):
         assert family in text, family
-    assert metric(server, "host:time_to_first_token_seconds_count") > 0
+    assert metric(server, "vllm:time_to_first_token_seconds_count") > 0
     # the default model is served from its GGUF blocks, kept quantized: under 150 MB of weights
     assert "host.quantization" in engine_groups
-    (weights,) = [line for line in text.splitlines() if line.startswith("host:model_weights_bytes{")]
+    (weights,) = [line for line in text.splitlines() if line.startswith("vllm:model_weights_bytes{")]
     assert 'quantization="gguf' in weights
     assert 50e6 < float(weights.rsplit(" ", 1)[1]) < 150e6
 
@@ -225,13 +226,13 @@ def test_sixty_four_concurrent_streams_do_not_mix(server):
     for target, pieces, finish in results:
         assert finish == "length"
         assert "".join(pieces) == detok[target]
-    assert metric(server, "host:num_requests_running") == 0
-    assert metric(server, "host:kv_cache_usage_perc") == 0
+    assert metric(server, "vllm:num_requests_running") == 0
+    assert metric(server, "vllm:kv_cache_usage_perc") == 0
 
 
 def _aborted(server) -> float:
     text = httpx.get(f"{server.url}/metrics", timeout=60).text
-    found = re.findall(r'^host:request_success_total\{[^}]*finished_reason="abort"[^}]*\} (\S+)$', text, re.M)
+    found = re.findall(r'^vllm:request_success_total\{[^}]*finished_reason="abort"[^}]*\} (\S+)$', text, re.M)
     return sum(float(v) for v in found)
 
 
@@ -242,13 +243,13 @@ def test_client_disconnect_aborts_and_frees_blocks(server):
             if i > 3:
                 break
     for _ in range(100):
-        if metric(server, "host:num_requests_running") == 0 and metric(server, "host:kv_cache_usage_perc") == 0:
+        if metric(server, "vllm:num_requests_running") == 0 and metric(server, "vllm:kv_cache_usage_perc") == 0:
             break
         import time
 
         time.sleep(0.1)
-    assert metric(server, "host:num_requests_running") == 0
-    assert metric(server, "host:kv_cache_usage_perc") == 0
+    assert metric(server, "vllm:num_requests_running") == 0
+    assert metric(server, "vllm:kv_cache_usage_perc") == 0
     assert _aborted(server) == aborted + 1, httpx.get(f"{server.url}/metrics", timeout=60).text
 
 
@@ -284,3 +285,119 @@ def test_prompt_logprobs_in_completions(server):
     for tok, pos in zip(tokens[1:], plp[1:]):
         assert str(tok) in pos and 2 <= len(pos) <= 3
         assert pos[str(tok)]["logprob"] <= 0 and pos[str(tok)]["rank"] >= 1
+
+
+# vLLM's tests/entrypoints/openai/test_metrics.py, against host serve with its default flags: the
+# same names, the same counts. The server is the session's, so the counts are this test's deltas.
+_VLLM_PROMPT = "Hello my name is Robert and I love magic"
+VLLM_EXPECTED_METRICS = [  # vLLM's EXPECTED_METRICS_V1 less its hidden (deprecated) names
+    "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+    "vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:num_preemptions_total",
+    "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:iteration_tokens_total",
+    "vllm:cache_config_info", "vllm:request_success_total",
+    *(f"vllm:{family}_{suffix}" for family in (
+        "request_prompt_tokens", "request_generation_tokens", "request_params_n", "request_params_max_tokens",
+        "time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",
+        "request_queue_time_seconds", "request_inference_time_seconds", "request_prefill_time_seconds",
+        "request_decode_time_seconds",
+    ) for suffix in ("sum", "bucket", "count")),
+]
+
+
+def _samples(server) -> dict[str, float]:
+    """Every ``vllm:`` sample of /metrics by name, summed over its labels (one engine, one model)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(httpx.get(f"{server.url}/metrics", timeout=60).text):
+        for s in family.samples:
+            if s.name.startswith("vllm:") and "le" not in s.labels:
+                out[s.name] = out.get(s.name, 0.0) + s.value
+    return out
+
+
+def test_vllm_metrics_counts(server):
+    """vLLM's test_metrics_counts: ten sequential completions of 10 tokens from token ids move
+    each count by vLLM's expected amount (iteration_tokens_total: one step per token, the prompt
+    in the first)."""
+    prompt_ids = httpx.post(f"{server.url}/tokenize", json={"prompt": _VLLM_PROMPT}, timeout=60).json()["tokens"]
+    num_requests, max_tokens, p = 10, 10, len(prompt_ids)
+    expected = {
+        "vllm:time_to_first_token_seconds_count": num_requests,
+        "vllm:e2e_request_latency_seconds_count": num_requests,
+        "vllm:request_queue_time_seconds_count": num_requests,
+        "vllm:request_inference_time_seconds_count": num_requests,
+        "vllm:request_prefill_time_seconds_count": num_requests,
+        "vllm:request_decode_time_seconds_count": num_requests,
+        "vllm:request_prompt_tokens_sum": num_requests * p,
+        "vllm:request_prompt_tokens_count": num_requests,
+        "vllm:request_generation_tokens_sum": num_requests * max_tokens,
+        "vllm:request_generation_tokens_count": num_requests,
+        "vllm:request_params_n_count": num_requests,
+        "vllm:request_params_max_tokens_sum": num_requests * max_tokens,
+        "vllm:request_params_max_tokens_count": num_requests,
+        "vllm:iteration_tokens_total_sum": num_requests * (p + max_tokens),
+        "vllm:iteration_tokens_total_count": num_requests * max_tokens,
+        "vllm:prompt_tokens_total": num_requests * p,
+        "vllm:generation_tokens_total": num_requests * max_tokens,
+        "vllm:request_success_total": num_requests,
+    }
+    before = _samples(server)
+
+    async def run() -> None:
+        async with openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0) as ac:
+            for _ in range(num_requests):
+                # ignore_eos: the tiny model must not end one early (vLLM's model never does)
+                await ac.completions.create(model="", prompt=prompt_ids, max_tokens=max_tokens, extra_body={"ignore_eos": True})
+
+    asyncio.run(run())
+    after = _samples(server)
+    got = {name: after.get(name, 0.0) - before.get(name, 0.0) for name in expected}
+    assert got == expected
+
+
+def test_vllm_metrics_exist(server):
+    """vLLM's test_metrics_exist: after one completion, every name vLLM's test lists is there."""
+    openai.OpenAI(base_url=f"{server.url}/v1", api_key="x").completions.create(
+        model="", prompt="Hello, my name is", max_tokens=5, temperature=0.0
+    )
+    text = httpx.get(f"{server.url}/metrics", timeout=60).text
+    assert [name for name in VLLM_EXPECTED_METRICS if name not in text] == []
+
+
+def test_vllm_abort_metrics_reset(server):
+    """vLLM's test_abort_metrics_reset: three long completions cancelled by the client leave no
+    running or waiting request and no KV cache in use. vLLM sleeps 0.5 s before and 1 s after
+    the cancel; on a shared CPU a step can take a second, so this polls for the same states."""
+    prompt_ids = httpx.post(f"{server.url}/tokenize", json={"prompt": _VLLM_PROMPT}, timeout=60).json()["tokens"]
+
+    def gauges() -> tuple[float, float, float]:
+        s = _samples(server)
+        return s["vllm:num_requests_running"], s["vllm:num_requests_waiting"], s["vllm:kv_cache_usage_perc"]
+
+    async def poll(ok, seconds: float = 60.0) -> tuple[float, float, float]:
+        deadline = time.monotonic() + seconds
+        while not ok(seen := await asyncio.to_thread(gauges)) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        return seen
+
+    assert gauges() == (0, 0, 0)
+
+    async def run() -> tuple:
+        async with openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0) as ac:
+            tasks = [
+                asyncio.create_task(ac.completions.create(
+                    model="", prompt=prompt_ids, max_tokens=100, temperature=0.0, extra_body={"ignore_eos": True},
+                ))
+                for _ in range(3)
+            ]
+            during = await poll(lambda g: g[0] == 3 and g[2] > 0)
+            for task in tasks:
+                task.cancel()
+            after = await poll(lambda g: g == (0, 0, 0))
+            return during, after, [t.done() and not t.cancelled() for t in tasks]
+
+    (running, _, usage), after, completed = asyncio.run(run())
+    assert running > 0 and usage > 0
+    assert after == (0, 0, 0)
+    assert not any(completed)  # each was cancelled in flight, none had finished

@@ -164,6 +164,69 @@ def test_stream_options_and_cached_tokens(client, model):
     assert cached > 0 and cached % BLOCK == 0 and cached < second.usage.prompt_tokens
 
 
+def test_vllms_stream_options_assertions_and_string_deltas(client, model):
+    """vLLM's test_chat_completion_stream_options and test_completion_stream_options, as written:
+    usage only on the last chunk (``choices == []``) with ``include_usage``; on every chunk with
+    ``continuous_usage_stats``, the chat count rising chunk by chunk up to max_tokens; and
+    ``delta.content`` of every chat chunk concatenated as a string. A long stop string makes the
+    server hold text back, so steps that add no text send ``content: ""``, never null (vLLM's)."""
+    chat = dict(model=model, messages=[{"role": "user", "content": "What is the capital of France?"}],
+                max_completion_tokens=10, temperature=0.0, stream=True)
+    for chunk in client.chat.completions.create(**chat, stream_options={"include_usage": False}):
+        assert chunk.usage is None
+    stream = client.chat.completions.create(**chat, stream_options={"include_usage": True, "continuous_usage_stats": False})
+    for chunk in stream:
+        if chunk.choices[0].finish_reason is None:
+            assert chunk.usage is None
+        else:
+            assert chunk.usage is None
+            final_chunk = next(stream)
+            assert final_chunk.usage is not None
+            assert final_chunk.usage.prompt_tokens > 0 and final_chunk.usage.completion_tokens > 0
+            assert final_chunk.usage.total_tokens == final_chunk.usage.prompt_tokens + final_chunk.usage.completion_tokens
+            assert final_chunk.choices == []
+    last_completion_tokens = 0
+    for chunk in client.chat.completions.create(**chat, extra_body={"min_tokens": 10},
+                                                stream_options={"include_usage": True, "continuous_usage_stats": True}):
+        assert chunk.usage.prompt_tokens >= 0
+        assert (last_completion_tokens == 0 or chunk.usage.completion_tokens > last_completion_tokens
+                or (not chunk.choices and chunk.usage.completion_tokens == last_completion_tokens))
+        assert chunk.usage.total_tokens == chunk.usage.prompt_tokens + chunk.usage.completion_tokens
+        last_completion_tokens = chunk.usage.completion_tokens
+    assert last_completion_tokens == 10
+    for stop in (None, ["no such stop string, held back"]):
+        completion, empty = "", 0
+        for chunk in client.chat.completions.create(**chat, stop=stop, extra_body={"min_characters": 10},
+                                                    stream_options={"include_usage": False}):
+            completion += chunk.choices[0].delta.content
+            empty += chunk.choices[0].delta.content == ""
+        assert len(completion) >= 10
+        assert empty >= (3 if stop else 1)  # the role chunk; with the stop, steps whose text is held back
+
+    prompt = dict(model=model, prompt="What is the capital of France?", max_tokens=5, temperature=0.0, stream=True)
+    for options in ({"include_usage": False, "continuous_usage_stats": False}, {"include_usage": False, "continuous_usage_stats": True}, {}):
+        for chunk in client.completions.create(**prompt, stream_options=options):
+            assert chunk.usage is None
+    stream = client.completions.create(**prompt, stream_options={"include_usage": True, "continuous_usage_stats": False})
+    for chunk in stream:
+        if chunk.choices[0].finish_reason is None:
+            assert chunk.usage is None
+        else:
+            assert chunk.usage is None
+            final_chunk = next(stream)
+            assert final_chunk.usage.completion_tokens > 0 and final_chunk.choices == []
+    stream = client.completions.create(**prompt, stream_options={"include_usage": True, "continuous_usage_stats": True})
+    for chunk in stream:
+        assert chunk.usage is not None and chunk.usage.prompt_tokens > 0 and chunk.usage.completion_tokens > 0
+        assert chunk.usage.total_tokens == chunk.usage.prompt_tokens + chunk.usage.completion_tokens
+        if chunk.choices[0].finish_reason is not None:
+            final_chunk = next(stream)
+            assert final_chunk.usage.completion_tokens > 0 and final_chunk.choices == []
+    for options in ({"include_usage": None}, {"include_usage": True}, {"continuous_usage_stats": None}, {"continuous_usage_stats": True}):
+        with pytest.raises(openai.BadRequestError):
+            client.completions.create(**{**prompt, "stream": False}, stream_options=options)
+
+
 def test_truncate_prompt_tokens(client, model, tokenizer):
     ids = tokenizer.encode(PROMPT)
     left = client.completions.create(model=model, prompt=PROMPT, max_tokens=1, extra_body={"truncate_prompt_tokens": 4, "return_token_ids": True})

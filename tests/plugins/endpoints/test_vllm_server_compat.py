@@ -1,6 +1,6 @@
 """``host serve`` as a vLLM launch script starts it: the model named as typed, ``--chat-template``,
 ``/tokenize``'s ``token_strs`` and ``continue_final_message``, ``/tokenizer_info``,
-``/invocations`` and ``/load`` — one server, started with those flags and an API key; the
+``/invocations`` and ``/load``, the error words vLLM's tests match — one server, started with those flags and an API key; the
 reference is transformers on the same weights and tokenizer, and the official ``openai``
 client's types."""
 
@@ -148,6 +148,45 @@ def test_invocations_dispatch_by_the_body_shape(server, tokenizer, reference):
     assert post(server, "/invocations", {"prompt": "hi"}, headers={}).status_code == 401  # behind the API key
     assert httpx.get(f"{server.url}/ping", headers=AUTH).status_code == 200  # SageMaker's probe: /health's answer
     assert httpx.post(f"{server.url}/ping", headers=AUTH).status_code == 200
+
+
+def test_vllms_invocations_assertions(client, server):
+    """vLLM's test_invocations (chat and completions): ``/invocations`` answers with the keys the
+    official client's model of the route's answer has (``model_dump()``: every field it declares,
+    null where unused), the route's own keys, and the same choices."""
+    for create, request_args in (
+        (client.chat.completions.create, {"model": TYPED, "messages": [{"role": "system", "content": "you are a helpful assistant"},
+                                                                       {"role": "user", "content": "what is 1+1?"}],
+                                          "max_completion_tokens": 5, "temperature": 0.0, "logprobs": False}),
+        (client.completions.create, {"model": TYPED, "prompt": "Hello, my name is", "max_tokens": 5, "temperature": 0.0}),
+    ):
+        output = create(**request_args).model_dump()
+        invocation_output = post(server, "/invocations", request_args).json()
+        route = post(server, "/v1/chat/completions" if "messages" in request_args else "/v1/completions", request_args).json()
+        assert output.keys() == invocation_output.keys() == route.keys()
+        assert output["choices"] == invocation_output["choices"]
+
+
+def test_vllms_error_texts(client):
+    """The words vLLM's tests match in a 400: a seed outside 64 bits names pydantic's bound
+    (test_long_seed), a missing or empty prompt (test_empty_prompt, and vLLM's "decoder prompt
+    cannot be empty"), token ids outside the vocabulary (test_out_of_vocab_token_ids)."""
+    for seed in [-(2**63) - 1, 2**63]:
+        with pytest.raises(openai.BadRequestError) as exc_info:
+            client.chat.completions.create(model=TYPED, messages=[{"role": "system", "content": "You are a helpful assistant."}],
+                                           temperature=0, seed=seed)
+        assert "greater_than_equal" in exc_info.value.message or "less_than_equal" in exc_info.value.message
+    with pytest.raises(openai.BadRequestError, match="Either prompt or prompt_embeds must be provided and non-empty."):
+        client.completions.create(model=TYPED, prompt=None, max_tokens=5, temperature=0.0, extra_body={"prompt_embeds": []})
+    for prompt in ("", []):
+        with pytest.raises(openai.BadRequestError, match="Either prompt or prompt_embeds must be provided and non-empty."):
+            client.completions.create(model=TYPED, prompt=prompt, max_tokens=5)
+    with pytest.raises(openai.BadRequestError, match="decoder prompt cannot be empty"):
+        client.completions.create(model=TYPED, prompt=["Hi", ""], max_tokens=5)
+    with pytest.raises(openai.BadRequestError, match="prompt_embeds is not supported"):  # docs/openai_api.md: refused
+        client.completions.create(model=TYPED, prompt="Hi", max_tokens=5, extra_body={"prompt_embeds": "AAAA"})
+    with pytest.raises(openai.BadRequestError, match=".*out of vocabulary.*"):
+        client.completions.create(model=TYPED, prompt=[999999], max_tokens=5, temperature=0.0)
 
 
 def test_load_counts_generation_requests_in_flight(client, server):

@@ -1,5 +1,5 @@
-"""Stat loggers through a real ``host serve``: with ``--metrics-prefix vllm`` the /metrics families
-are vLLM's (diffed against the list below), the JSON-lines sink and a third-party logger
+"""Stat loggers through a real ``host serve``: by default the /metrics families are vLLM's
+(``vllm:``, diffed against the list below; ``--metrics-prefix host`` gives ``host:``), the JSON-lines sink and a third-party logger
 installed with pip receive the records, and the periodic log line appears."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from helpers import run_server
 
-# every family host exports with --metrics-prefix vllm, and its type (vLLM's names and types)
+# every family host exports by default (--metrics-prefix vllm), and its type (vLLM's names and types)
 VLLM_FAMILIES = {
     "vllm:num_requests_running": "gauge",
     "vllm:num_requests_waiting": "gauge",
@@ -52,7 +52,7 @@ HOST_OWN = {"vllm:prefix_cache_hit_rate": "gauge", "vllm:num_requests_in_flight"
 def served(tmp_path_factory, fixture_sites):
     tmp = tmp_path_factory.mktemp("stat-loggers")
     jsonl, sink = tmp / "stats.jsonl", tmp / "fixture.jsonl"
-    args = ["--metrics-prefix", "vllm", "--log-stats-interval", "1", "--plugins", "fixture_statsink",
+    args = ["--log-stats-interval", "1", "--plugins", "fixture_statsink",
             "--stat-loggers", f"jsonl:{jsonl}", "--stat-loggers", f"fixture_stats:{sink}"]
     with run_server(tmp, args, sites=[fixture_sites["statsink"]]) as server:
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
@@ -129,15 +129,16 @@ def test_unknown_stat_logger_fails_before_the_engine_starts(tmp_path):
     assert "unknown stat logger(s) 'nosuch'" in proc.stderr and "registered: jsonl, logging, prometheus" in proc.stderr
 
 
-def test_disable_log_stats_and_default_prefix(flags_server):
+def test_disable_log_stats_and_the_host_prefix(flags_server):
     """On the session's ``flags_server`` (tests/conftest.py: ``--disable-log-stats
-    --log-stats-interval 0.5``, the default prefix)."""
+    --log-stats-interval 0.5 --metrics-prefix host``): host's own names, the same families."""
     server = flags_server
     args = server.proc.args
     assert "--disable-log-stats" in args and args[args.index("--log-stats-interval") + 1] == "0.5"
+    assert args[args.index("--metrics-prefix") + 1] == "host"
     openai.OpenAI(base_url=f"{server.url}/v1", api_key="x").completions.create(model="", prompt="Hi", max_tokens=3)
     time.sleep(1.0)  # two log intervals
     fams = _families(server)
-    assert "host:num_requests_running" in fams and "host:request_success" in fams
+    assert {name.replace("vllm:", "host:", 1) for name in VLLM_FAMILIES} <= set(fams)
     assert not [n for n in fams if n.startswith("vllm:")]
     assert "Avg prompt throughput:" not in server.log()  # never, since its start
