@@ -164,6 +164,19 @@ def test_stream_options_and_cached_tokens(client, model):
     assert cached > 0 and cached % BLOCK == 0 and cached < second.usage.prompt_tokens
 
 
+def _usage_on_the_last_chunk_only(stream):
+    """vLLM's include_usage check: no usage on any choice chunk, the usage alone in the chunk after
+    the finishing one (``choices == []``); returns that chunk."""
+    for chunk in stream:
+        assert chunk.usage is None
+        if chunk.choices[0].finish_reason is not None:
+            final_chunk = next(stream)
+            assert final_chunk.usage is not None and final_chunk.usage.completion_tokens > 0
+            assert final_chunk.choices == []
+            return final_chunk
+    raise AssertionError("the stream ended without a finishing chunk")
+
+
 def test_vllms_stream_options_assertions_and_string_deltas(client, model):
     """vLLM's test_chat_completion_stream_options and test_completion_stream_options, as written:
     usage only on the last chunk (``choices == []``) with ``include_usage``; on every chunk with
@@ -174,17 +187,10 @@ def test_vllms_stream_options_assertions_and_string_deltas(client, model):
                 max_completion_tokens=10, temperature=0.0, stream=True)
     for chunk in client.chat.completions.create(**chat, stream_options={"include_usage": False}):
         assert chunk.usage is None
-    stream = client.chat.completions.create(**chat, stream_options={"include_usage": True, "continuous_usage_stats": False})
-    for chunk in stream:
-        if chunk.choices[0].finish_reason is None:
-            assert chunk.usage is None
-        else:
-            assert chunk.usage is None
-            final_chunk = next(stream)
-            assert final_chunk.usage is not None
-            assert final_chunk.usage.prompt_tokens > 0 and final_chunk.usage.completion_tokens > 0
-            assert final_chunk.usage.total_tokens == final_chunk.usage.prompt_tokens + final_chunk.usage.completion_tokens
-            assert final_chunk.choices == []
+    final_chunk = _usage_on_the_last_chunk_only(
+        client.chat.completions.create(**chat, stream_options={"include_usage": True, "continuous_usage_stats": False}))
+    assert final_chunk.usage.prompt_tokens > 0
+    assert final_chunk.usage.total_tokens == final_chunk.usage.prompt_tokens + final_chunk.usage.completion_tokens
     last_completion_tokens = 0
     for chunk in client.chat.completions.create(**chat, extra_body={"min_tokens": 10},
                                                 stream_options={"include_usage": True, "continuous_usage_stats": True}):
@@ -207,14 +213,8 @@ def test_vllms_stream_options_assertions_and_string_deltas(client, model):
     for options in ({"include_usage": False, "continuous_usage_stats": False}, {"include_usage": False, "continuous_usage_stats": True}, {}):
         for chunk in client.completions.create(**prompt, stream_options=options):
             assert chunk.usage is None
-    stream = client.completions.create(**prompt, stream_options={"include_usage": True, "continuous_usage_stats": False})
-    for chunk in stream:
-        if chunk.choices[0].finish_reason is None:
-            assert chunk.usage is None
-        else:
-            assert chunk.usage is None
-            final_chunk = next(stream)
-            assert final_chunk.usage.completion_tokens > 0 and final_chunk.choices == []
+    _usage_on_the_last_chunk_only(
+        client.completions.create(**prompt, stream_options={"include_usage": True, "continuous_usage_stats": False}))
     stream = client.completions.create(**prompt, stream_options={"include_usage": True, "continuous_usage_stats": True})
     for chunk in stream:
         assert chunk.usage is not None and chunk.usage.prompt_tokens > 0 and chunk.usage.completion_tokens > 0
