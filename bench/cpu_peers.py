@@ -289,16 +289,29 @@ def engine_figures(rounds: list[dict], name: str, sizes: list[int]) -> dict:
     return figs
 
 
+REFERENCE_ORDER = ("hf:float32", "host:fp32", "vllm:float32")
+"""The engine whose tokens the others are compared with: the first of these that produced some."""
+
+
 def token_agreement(rounds: list[dict]) -> dict:
     """The first 8 greedy tokens of the batch-1 prompt each engine produced (its first round
-    with a result), and whether they all agree."""
+    with a result), whether they all agree, and for each engine how many leading tokens match
+    the reference's (the first of :data:`REFERENCE_ORDER` present; else the first engine)."""
     tokens: dict[str, list[int]] = {}
     for r in rounds:
         for name, res in r.items():
             if name not in tokens and isinstance(res, dict) and res.get("first_tokens"):
                 tokens[name] = res["first_tokens"]
-    distinct = {tuple(t) for t in tokens.values()}
-    return {"tokens": tokens, "agree": len(distinct) == 1 if tokens else None}
+    if not tokens:
+        return {"tokens": {}, "agree": None}
+    reference = next((n for n in REFERENCE_ORDER if n in tokens), next(iter(tokens)))
+    ref = tokens[reference]
+
+    def prefix(t: list[int]) -> int:
+        return next((i for i, (a, b) in enumerate(zip(t, ref)) if a != b), min(len(t), len(ref)))
+
+    return {"tokens": tokens, "agree": len({tuple(t) for t in tokens.values()}) == 1, "reference": reference,
+            "matching_prefix": {name: prefix(t) for name, t in tokens.items()}}
 
 
 def table(results: dict) -> list[str]:
@@ -307,19 +320,23 @@ def table(results: dict) -> list[str]:
     s, rounds, engines = results["settings"], results["rounds"], results["engines"]
     sizes = qbench.throughput_sizes(s)
     cols = [f"{n}-request tok/s" for n in sizes] + [f"batch-1 tok/s ({s['b1_prompt_len']} in, {s['tg']} out)"]
-    width = max(len(c) for c in cols) + 2
-    lines = [f"{'engine':<40}" + "".join(f"{c:>{width}}" for c in cols)]
+    widths = [max(len(c), 18) + 2 for c in cols]
     figs = {name: engine_figures(rounds, name, sizes) for name in engines}
+
+    def row(label: str, cells: list[str]) -> str:
+        return f"{label:<40}" + "".join(f"{c:>{w}}" for c, w in zip(cells, widths))
+
+    lines = [row("engine", cols)]
     for name in engines:
         f = figs[name]
-        lines.append(f"{ENGINES[name]:<40}" + "".join(f"{_cell(f[str(n)]):>{width}}" for n in sizes) + f"{_cell(f['batch1']):>{width}}")
+        lines.append(row(ENGINES[name], [_cell(f[str(n)]) for n in sizes] + [_cell(f["batch1"])]))
         if name == "llama.cpp" and f["tg"]:
-            lines.append(f"{'llama.cpp llama-bench tg' + str(s['tg']):<40}" + "".join(f"{'-':>{width}}" for _ in sizes) + f"{_cell(f['tg']):>{width}}")
+            lines.append(row(f"llama.cpp llama-bench tg{s['tg']}", ["-"] * len(sizes) + [_cell(f["tg"])]))
     bound = results.get("bound")
     if bound:
-        lines.append(f"{'physical bound (lower of the two below)':<40}" + "".join(f"{bound[str(n)]['bound_tok_s']:>{width}.0f}" for n in [*sizes, 1]))
-        lines.append(f"{'  compute: GEMM FLOP/s / FLOPs per token':<40}" + "".join(f"{bound[str(n)]['compute_tok_s']:>{width}.0f}" for n in [*sizes, 1]))
-        lines.append(f"{'  memory: B x bandwidth / weight bytes':<40}" + "".join(f"{bound[str(n)]['memory_tok_s']:>{width}.0f}" for n in [*sizes, 1]))
+        for label, key in (("physical bound (lower of the two below)", "bound_tok_s"), ("  compute: GEMM FLOP/s / FLOPs per token", "compute_tok_s"),
+                           ("  memory: B x bandwidth / weight bytes", "memory_tok_s")):
+            lines.append(row(label, [f"{bound[str(n)][key]:.0f}" for n in [*sizes, 1]]))
         lines.append(f"  ({bound['flops_per_token'] / 1e9:.3f} GFLOP/token of linears; GEMM {bound['gemm_flops_s'] / 1e9:.0f} GFLOP/s "
                      f"({bound['gemm_dtype']}); read bandwidth {bound['bandwidth_bytes_s'] / 1e9:.1f} GB/s; "
                      f"{bound['weight_bytes'] / 1e6:.0f} MB of GGUF weights)")
@@ -344,6 +361,8 @@ def table(results: dict) -> list[str]:
         verdict = "agree" if agreement["agree"] else "DIFFER"
         lines.append(f"first 8 greedy tokens of the batch-1 prompt {verdict} across {', '.join(agreement['tokens'])} (llama.cpp prints none)")
         if not agreement["agree"]:
+            lines.append(f"  leading tokens equal to {agreement['reference']}'s: "
+                         + ", ".join(f"{n} {k}/{len(agreement['tokens'][n])}" for n, k in agreement["matching_prefix"].items()))
             for name, toks in agreement["tokens"].items():
                 lines.append(f"  {name:<16} {toks}")
     for i, r in enumerate(rounds):

@@ -60,8 +60,10 @@ def test_token_check_and_table(cpu_peers):
         {"host:gguf": _run(330.0, 80.0), "vllm:bfloat16": {"error": "RuntimeError: it broke\nmore"}, "llama.cpp": {**_run(110.0, 99.0), "tg_tok_s": 110.0}},
     ]
     agreement = cpu_peers.token_agreement(rounds)
-    assert agreement == {"tokens": {"host:gguf": [1, 2, 3], "vllm:bfloat16": [1, 2, 3]}, "agree": True}
-    assert cpu_peers.token_agreement([{"a": _run(1, 1, [1, 2]), "b": _run(1, 1, [1, 3])}])["agree"] is False
+    assert agreement["tokens"] == {"host:gguf": [1, 2, 3], "vllm:bfloat16": [1, 2, 3]} and agreement["agree"] is True
+    differ = cpu_peers.token_agreement([{"host:bf16": _run(1, 1, [1, 3, 3]), "hf:float32": _run(1, 1, [1, 2, 3])}])
+    assert differ["agree"] is False and differ["reference"] == "hf:float32"
+    assert differ["matching_prefix"] == {"host:bf16": 1, "hf:float32": 3}
 
     settings = {"throughput_sizes": [64], "num_prompts": 64, "b1_prompt_len": 128, "tg": 128}
     lines = cpu_peers.table({"settings": settings, "rounds": rounds, "engines": ["host:gguf", "vllm:bfloat16", "llama.cpp"],
