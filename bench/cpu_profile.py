@@ -10,9 +10,10 @@ split into:
 
 - ``linears``: the matmul ops (``gguf_linear``, ``linear_small_m``, ``int8_linear``, aten's and
   oneDNN's linear/mm/addmm), the logits head included;
-- ``attention``: the paged attention ops and the KV-cache writes;
+- ``attention``: everything under the model's attention layers (the paged attention kernels,
+  which are C++ calls rather than torch ops, and the KV-cache writes);
 - ``other ops``: every other torch op inside the model's forward (norms, rotary, SiLU, copies);
-- ``sampler``: the ops under the sampler call;
+- ``sampler``: everything under the sampler call;
 - ``python``: the step's wall time minus all op time: the scheduler, the runner's input
   preparation, the output handling, dispatch and Python itself.
 
@@ -43,18 +44,22 @@ ATTENTION_OPS = ("paged_decode", "attention", "reshape_and_cache", "index_put", 
 CATEGORIES = ("linears", "attention", "other ops", "sampler", "python")
 
 
-def categorize(events: list[tuple[str, float, bool]], wall_us: float) -> dict[str, float]:
-    """``events``: (op name, self CPU microseconds, under the sampler); the step's shares in ms."""
+def categorize(events: list[tuple[str, float, str | None]], regions: dict[str, float], wall_us: float) -> dict[str, float]:
+    """``events``: (op name, self CPU microseconds, the region it ran in: ``"sampler"``,
+    ``"attention"`` or ``None``); ``regions``: each region's inclusive CPU microseconds (its C++
+    kernels are no torch ops, so their time shows only there). The step's shares in ms."""
     out = dict.fromkeys(CATEGORIES, 0.0)
-    for name, self_us, in_sampler in events:
-        if in_sampler:
-            out["sampler"] += self_us
-        elif any(key in name for key in LINEAR_OPS):
+    for name, self_us, region in events:
+        if region is not None:
+            continue  # counted with its region
+        if any(key in name for key in LINEAR_OPS):
             out["linears"] += self_us
         elif any(key in name for key in ATTENTION_OPS):
             out["attention"] += self_us
         else:
             out["other ops"] += self_us
+    out["sampler"] += regions.get("sampler", 0.0)
+    out["attention"] += regions.get("attention", 0.0)
     out["python"] = max(wall_us - sum(out.values()), 0.0)
     return {k: v / 1000.0 for k, v in out.items()}
 
@@ -66,14 +71,19 @@ def _profile_steps(llm, steps: int) -> dict:
 
     engine = llm.engine
     runner = engine.executor.worker.model_runner
-    sampler = runner.sampler
-    original = type(sampler).__call__
+    from host.core.models.attention_layer import Attention
 
-    def traced(self, *args, **kwargs):
-        with record_function("host.sampler"):
-            return original(self, *args, **kwargs)
+    patched = {"sampler": type(runner.sampler), "attention": Attention}
+    originals = {region: cls.__call__ if region == "sampler" else cls.forward for region, cls in patched.items()}
 
-    type(sampler).__call__ = traced
+    def wrap(region: str, fn):
+        def traced(self, *args, **kwargs):
+            with record_function(f"host.{region}"):
+                return fn(self, *args, **kwargs)
+        return traced
+
+    type(runner.sampler).__call__ = wrap("sampler", originals["sampler"])
+    Attention.forward = wrap("attention", originals["attention"])
     try:
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             t0 = time.perf_counter()
@@ -83,17 +93,19 @@ def _profile_steps(llm, steps: int) -> dict:
                 tokens += sum(len(o.new_token_ids) for o in out.outputs)
             wall_us = (time.perf_counter() - t0) * 1e6
     finally:
-        type(sampler).__call__ = original
+        type(runner.sampler).__call__ = originals["sampler"]
+        Attention.forward = originals["attention"]
     events = prof.events()
-    sampler_ranges = [(e.time_range.start, e.time_range.end) for e in events if e.name == "host.sampler"]
+    spans = {region: [(e.time_range.start, e.time_range.end) for e in events if e.name == f"host.{region}"] for region in patched}
+    regions = {region: sum(e.cpu_time_total for e in events if e.name == f"host.{region}") for region in patched}
     rows = []
     for e in events:
-        if e.name.startswith("host.sampler") or e.name.startswith("ProfilerStep"):
+        if e.name.startswith("host.") or e.name.startswith("ProfilerStep"):
             continue
         start = e.time_range.start
-        in_sampler = any(a <= start <= b for a, b in sampler_ranges)
-        rows.append((e.name, float(e.self_cpu_time_total), in_sampler))
-    shares = categorize(rows, wall_us)
+        region = next((r for r, ranges in spans.items() if any(a <= start <= b for a, b in ranges)), None)
+        rows.append((e.name, float(e.self_cpu_time_total), region))
+    shares = categorize(rows, regions, wall_us)
     top: dict[str, float] = {}
     for name, self_us, _ in rows:
         top[name] = top.get(name, 0.0) + self_us

@@ -27,7 +27,7 @@ def test_v1_routes_never_answer_5xx(tmp_path):
         for op in operations:
 
             @given(case=op.as_strategy())
-            @settings(max_examples=int(os.environ.get("HOST_FUZZ_EXAMPLES", "30")), deadline=None,
+            @settings(max_examples=int(os.environ.get("HOST_FUZZ_EXAMPLES", "20")), deadline=None,
                       suppress_health_check=list(HealthCheck), database=None, derandomize=not os.environ.get("HOST_FUZZ_RANDOM"))
             def run(case):
                 response = case.call(timeout=60)
