@@ -40,7 +40,8 @@ class RMSNorm(nn.Module):
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        if self.kernel is not None and x.dtype in self.kernel_dtypes:
+        # a kernel takes x and the weight in one dtype (GemmaRMSNorm keeps its weight in float32)
+        if self.kernel is not None and x.dtype in self.kernel_dtypes and x.dtype == self.weight.dtype:
             return self.kernel(x, residual, self.weight, self.eps)
         if residual is None:
             return self._norm(x)
