@@ -41,9 +41,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from host.core.models.layers import RMSNorm, RotaryEmbedding, rope_parameters_from_config
-from host.core.models.llama import DecoderAttention, LlamaForCausalLM, _head_dim, _sliding_window
-from host.core.models.parallel_layers import ModelShard, column_linear, row_linear, vocab_embedding
-from host.core.models.pipeline import MissingLayer, stage_layers
+from host.core.models.llama import DecoderAttention, LlamaForCausalLM, PipelineStageStack, _head_dim, _sliding_window
+from host.core.models.parallel_layers import ModelShard, column_linear, row_linear
+from host.core.models.pipeline import MissingLayer
 
 logger = logging.getLogger("host.models")
 
@@ -59,16 +59,6 @@ class GemmaRMSNorm(RMSNorm):
 
     def __init__(self, hidden_size: int, eps: float = 1e-6, dtype: torch.dtype | None = None) -> None:
         super().__init__(hidden_size, eps, dtype=torch.float32)
-
-    def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        if self.kernel is not None and x.dtype == torch.float32 and x.dtype in self.kernel_dtypes:
-            return self.kernel(x, residual, self.weight, self.eps)
-        if residual is None:
-            return self._norm(x)
-        residual = x + residual
-        return self._norm(residual), residual
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:
@@ -179,11 +169,10 @@ def rope_parameters_for(config: Any, layer_type: str) -> dict[str, Any]:
     return rope_parameters_from_config(config)
 
 
-class GemmaModel(nn.Module):
+class GemmaModel(PipelineStageStack):
     """Embedding (scaled by ``sqrt(hidden_size)``), the Gemma blocks and the final norm (the
     ``model.`` prefix), with :class:`~host.core.models.llama.DecoderModel`'s attributes for the
-    runner: ``start_layer`` / ``end_layer`` / ``is_first_stage`` / ``is_last_stage``, pipeline
-    stages as there, and ``decode_kernel`` (always ``None``: the CPU fused decode step is
+    runner: the pipeline stages of :class:`~host.core.models.llama.PipelineStageStack`, and ``decode_kernel`` (always ``None``: the CPU fused decode step is
     Llama's block only). ``rotary_emb`` maps each layer type to its :class:`RotaryEmbedding`."""
 
     def __init__(
@@ -199,18 +188,7 @@ class GemmaModel(nn.Module):
         shard = shard or ModelShard()
         types = layer_types(config)
         window_of = window_of or _sliding_window
-        self.start_layer, self.end_layer = stage_layers(
-            config.num_hidden_layers, shard.pp_rank, shard.pp_size, shard.pp_layer_partition
-        )
-        self.is_first_stage, self.is_last_stage = shard.is_first_stage, shard.is_last_stage
-        self.embed_tokens = (
-            vocab_embedding(
-                None if quant is None else quant.embedding_method, "model.embed_tokens", config.vocab_size,
-                config.hidden_size, dtype, **shard.tp_kwargs(),
-            )
-            if self.is_first_stage
-            else None
-        )
+        self.init_stage(config, dtype, quant, shard)
         # sqrt(hidden) rounded to the model dtype, as the reference's scaled embedding does
         self.register_buffer("normalizer", torch.tensor(config.hidden_size**0.5, dtype=torch.float32).to(dtype), persistent=False)
         self.layers = nn.ModuleList(
@@ -232,18 +210,8 @@ class GemmaModel(nn.Module):
         if self.is_first_stage:
             hidden, residual = self.embed_tokens(input_ids) * self.normalizer, None
         else:
-            if intermediate is None:
-                raise ValueError("a pipeline stage after the first needs intermediate={'hidden': ..., 'residual': ...} from the stage before")
-            hidden, residual = intermediate["hidden"], intermediate["residual"]
-        ropes = {kind: emb.prepare(positions) for kind, emb in self.rotary_emb.items()}
-        whole = self.end_layer - self.start_layer == len(self.layers)
-        for layer in self.layers if whole else self.layers[self.start_layer : self.end_layer]:
-            hidden, residual = layer(hidden, residual, ropes)
-        if not self.is_last_stage:
-            return {"hidden": hidden, "residual": residual}
-        if residual is None:  # no layers
-            return self.norm(hidden)
-        return self.norm(hidden, residual)[0]
+            hidden, residual = self.stage_input(intermediate)
+        return self.run_layers(hidden, residual, {kind: emb.prepare(positions) for kind, emb in self.rotary_emb.items()})
 
 
 class Gemma2ForCausalLM(LlamaForCausalLM):

@@ -231,7 +231,52 @@ class DecoderLayer(nn.Module):
         return self.mlp(hidden), residual
 
 
-class DecoderModel(nn.Module):
+class PipelineStageStack(nn.Module):
+    """What every decoder stack (the ``model.`` module) shares for the runner's pipeline stages:
+    :meth:`init_stage` sets ``start_layer`` / ``end_layer`` (the layers this stage holds),
+    ``is_first_stage`` / ``is_last_stage`` and the embedding (first stage only, else ``None``);
+    :meth:`stage_input` reads the stage before's hand-off; :meth:`run_layers` runs this stage's
+    layers and ends with the final norm (last stage) or the hand-off to the next. The subclass
+    builds ``layers`` (a :class:`MissingLayer` outside the stage) and ``norm`` (``None`` off
+    the last stage)."""
+
+    def init_stage(self, config: Any, dtype: torch.dtype, quant: Any, shard: ModelShard) -> None:
+        self.start_layer, self.end_layer = stage_layers(
+            config.num_hidden_layers, shard.pp_rank, shard.pp_size, shard.pp_layer_partition
+        )
+        self.is_first_stage, self.is_last_stage = shard.is_first_stage, shard.is_last_stage
+        self.embed_tokens = (
+            vocab_embedding(
+                None if quant is None else quant.embedding_method, "model.embed_tokens", config.vocab_size,
+                config.hidden_size, dtype, **shard.tp_kwargs(),
+            )
+            if self.is_first_stage
+            else None
+        )
+
+    @staticmethod
+    def stage_input(intermediate: dict[str, torch.Tensor] | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(hidden, residual)`` from the stage before (a stage after the first)."""
+        if intermediate is None:
+            raise ValueError("a pipeline stage after the first needs intermediate={'hidden': ..., 'residual': ...} from the stage before")
+        return intermediate["hidden"], intermediate["residual"]
+
+    def run_layers(
+        self, hidden: torch.Tensor, residual: torch.Tensor | None, rope: Any
+    ) -> torch.Tensor | dict[str, torch.Tensor]:
+        """This stage's layers over ``(hidden, residual)``, each given ``rope``; then the final
+        norm on the last stage, else the hand-off ``{"hidden", "residual"}``."""
+        whole = self.end_layer - self.start_layer == len(self.layers)
+        for layer in self.layers if whole else self.layers[self.start_layer : self.end_layer]:
+            hidden, residual = layer(hidden, residual, rope)
+        if not self.is_last_stage:
+            return {"hidden": hidden, "residual": residual}
+        if residual is None:  # no layers
+            return self.norm(hidden)
+        return self.norm(hidden, residual)[0]
+
+
+class DecoderModel(PipelineStageStack):
     """Embedding, the decoder layers and the final norm (Hugging Face's ``model.`` prefix).
 
     On a pipeline stage only layers ``[start_layer, end_layer)`` are built (the others are
@@ -251,18 +296,7 @@ class DecoderModel(nn.Module):
     ) -> None:
         super().__init__()
         shard = shard or ModelShard()
-        self.start_layer, self.end_layer = stage_layers(
-            config.num_hidden_layers, shard.pp_rank, shard.pp_size, shard.pp_layer_partition
-        )
-        self.is_first_stage, self.is_last_stage = shard.is_first_stage, shard.is_last_stage
-        self.embed_tokens = (
-            vocab_embedding(
-                None if quant is None else quant.embedding_method, "model.embed_tokens", config.vocab_size,
-                config.hidden_size, dtype, **shard.tp_kwargs(),
-            )
-            if self.is_first_stage
-            else None
-        )
+        self.init_stage(config, dtype, quant, shard)
         self.layers = nn.ModuleList(
             DecoderLayer(config, i, dtype, attn_backend, quant, shard, **attn_kw)
             if self.start_layer <= i < self.end_layer
@@ -290,18 +324,8 @@ class DecoderModel(nn.Module):
                 if out is not None:
                     return out
         else:
-            if intermediate is None:
-                raise ValueError("a pipeline stage after the first needs intermediate={'hidden': ..., 'residual': ...} from the stage before")
-            hidden, residual = intermediate["hidden"], intermediate["residual"]
-        rope = self.rotary_emb.prepare(positions)
-        whole = self.end_layer - self.start_layer == len(self.layers)
-        for layer in self.layers if whole else self.layers[self.start_layer : self.end_layer]:
-            hidden, residual = layer(hidden, residual, rope)
-        if not self.is_last_stage:
-            return {"hidden": hidden, "residual": residual}
-        if residual is None:  # no layers
-            return self.norm(hidden)
-        return self.norm(hidden, residual)[0]
+            hidden, residual = self.stage_input(intermediate)
+        return self.run_layers(hidden, residual, self.rotary_emb.prepare(positions))
 
 
 class LlamaForCausalLM(ModelForCausalLM):
