@@ -41,8 +41,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from host.core.models.layers import RMSNorm, RotaryEmbedding, rope_parameters_from_config
-from host.core.models.llama import DecoderAttention, LlamaForCausalLM, PipelineStageStack, _head_dim, _sliding_window
-from host.core.models.parallel_layers import ModelShard, column_linear, row_linear
+from host.core.models.llama import DecoderAttention, GatedMLP, LlamaForCausalLM, PipelineStageStack, _head_dim, _sliding_window
+from host.core.models.parallel_layers import ModelShard
 from host.core.models.pipeline import MissingLayer
 
 logger = logging.getLogger("host.models")
@@ -75,30 +75,30 @@ _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 
-class GemmaMLP(nn.Module):
-    """GeGLU feed-forward: ``down(act(gate(x)) * up(x))``, gate and up fused (the attribute names
-    are :class:`~host.core.models.llama.GatedMLP`'s, so checkpoint loading maps the same way)."""
+class GatedGelu(nn.Module):
+    """``act(gate) * up`` of the fused ``[gate | up]`` output, ``act`` a GELU of :data:`_ACTIVATIONS`."""
 
-    def __init__(self, config: Any, dtype: torch.dtype, layer_idx: int, quant: Any, shard: ModelShard) -> None:
+    def __init__(self, act: Callable[[torch.Tensor], torch.Tensor]) -> None:
         super().__init__()
+        self.fn = act
+
+    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return self.fn(gate) * up
+
+
+class GemmaMLP(GatedMLP):
+    """GeGLU feed-forward: ``down(act(gate(x)) * up(x))``, gate and up fused: :class:`GatedMLP`
+    (its attribute names, so checkpoint loading maps the same way) with Gemma's activation."""
+
+    @staticmethod
+    def activation(config: Any) -> nn.Module:
         act = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None) or "gelu_pytorch_tanh"
         if act not in _ACTIVATIONS:
             raise ValueError(
                 f"hidden_activation={act!r} is not supported for Gemma; supported: {', '.join(_ACTIVATIONS)}"
             )
-        self.act = _ACTIVATIONS[act]
-        hidden, inter = config.hidden_size, config.intermediate_size
-        self.intermediate_size = inter // shard.tp_size  # this rank's
-        prefix = f"model.layers.{layer_idx}.mlp"
-        linear_for = None if quant is None else quant.linear_method
-        self.gate_up_proj = column_linear(
-            linear_for, f"{prefix}.gate_up_proj", hidden, [inter, inter], False, dtype, **shard.tp_kwargs()
-        )
-        self.down_proj = row_linear(linear_for, f"{prefix}.down_proj", inter, hidden, False, dtype, **shard.tp_kwargs())
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(self.act(gate) * up)
+        return GatedGelu(_ACTIVATIONS[act])
 
 
 class GemmaDecoderLayer(nn.Module):

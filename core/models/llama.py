@@ -168,15 +168,14 @@ class DecoderAttention(nn.Module):
 
 
 class GatedMLP(nn.Module):
-    """SiLU-GLU feed-forward: ``down(silu(gate(x)) * up(x))`` with gate/up fused."""
+    """SiLU-GLU feed-forward: ``down(silu(gate(x)) * up(x))`` with gate/up fused. A subclass
+    with another gate function overrides :meth:`activation`."""
 
     def __init__(
         self, config: Any, dtype: torch.dtype, layer_idx: int = 0, quant: Any = None, shard: ModelShard | None = None
     ) -> None:
         super().__init__()
-        act = getattr(config, "hidden_act", "silu")
-        if act not in ("silu", "swish"):
-            raise ValueError(f"hidden_act={act!r} is not supported by this model; only 'silu' is")
+        self.act = self.activation(config)
         shard = shard or ModelShard()
         bias = bool(getattr(config, "mlp_bias", False))
         hidden, inter = config.hidden_size, config.intermediate_size
@@ -187,7 +186,14 @@ class GatedMLP(nn.Module):
             linear_for, f"{prefix}.gate_up_proj", hidden, [inter, inter], bias, dtype, **shard.tp_kwargs()
         )
         self.down_proj = row_linear(linear_for, f"{prefix}.down_proj", inter, hidden, bias, dtype, **shard.tp_kwargs())
-        self.act = SiluAndMul()
+
+    @staticmethod
+    def activation(config: Any) -> nn.Module:
+        """The module taking the fused ``[gate | up]`` output to ``act(gate) * up``."""
+        act = getattr(config, "hidden_act", "silu")
+        if act not in ("silu", "swish"):
+            raise ValueError(f"hidden_act={act!r} is not supported by this model; only 'silu' is")
+        return SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act(self.gate_up_proj(x)))
