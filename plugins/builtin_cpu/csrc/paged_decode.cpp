@@ -2,6 +2,114 @@
 
 #include "host_cpu.h"
 
+namespace {
+
+// How many rows ahead the loops prefetch: a page's rows arrive from memory while the rows
+// before them are computed (the pages of one sequence are scattered, so the hardware
+// prefetcher cannot follow them across pages).
+constexpr int64_t kAhead = 16;
+// The value rows are summed in tiles of this many positions, small enough to stay in L1 while
+// every query head and column chunk of the group passes over them.
+constexpr int64_t kTile = 48;
+
+// locality 3: into L1 (about to be read); 2: into L2 (read after the pass in progress)
+template <int Locality = 3>
+inline void prefetch_row(const float* row, int64_t D) {
+  for (int64_t d = 0; d < D; d += 16) __builtin_prefetch(row + d, 0, Locality);
+}
+
+#ifdef HOST_AVX2
+// scores[j * n + i] = scale * <q_j, row_i> for the NJ query heads q_j = q + j * D (D % 8 == 0).
+template <int NJ>
+void scores_of(const float* q, const float* const* rows, int64_t n, int64_t D, float scale, float* scores,
+               int64_t stride) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) prefetch_row(rows[i + kAhead], D);
+    const float* kt = rows[i];
+    __m256 a[NJ];
+    for (int j = 0; j < NJ; ++j) a[j] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < D; d += 8) {
+      const __m256 kv = _mm256_loadu_ps(kt + d);
+      for (int j = 0; j < NJ; ++j) a[j] = _mm256_fmadd_ps(_mm256_loadu_ps(q + j * D + d), kv, a[j]);
+    }
+    for (int j = 0; j < NJ; ++j) scores[j * stride + i] = hsum256(a[j]) * scale;
+  }
+}
+
+// acc[j * D + d0 + c] += sum over i < n of p[j * stride + i] * rows[i][d0 + c], for the NJ heads
+// and the 8 * C columns from d0, the sums held in NJ * C registers; each (head, column) is
+// summed over i in order, whatever NJ and C are.
+template <int NJ, int C>
+void values_of(const float* p, int64_t stride, const float* const* rows, int64_t n, int64_t d0, int64_t D,
+               float* acc, const float* const* ahead, int64_t n_ahead) {
+  __m256 a[NJ][C];
+  for (int j = 0; j < NJ; ++j)
+    for (int c = 0; c < C; ++c) a[j][c] = _mm256_loadu_ps(acc + j * D + d0 + 8 * c);
+  for (int64_t i = 0; i < n; ++i) {
+    if (i < n_ahead) prefetch_row(ahead[i], D);
+    __m256 w[NJ];
+    for (int j = 0; j < NJ; ++j) w[j] = _mm256_broadcast_ss(p + j * stride + i);
+    for (int c = 0; c < C; ++c) {
+      const __m256 v = _mm256_loadu_ps(rows[i] + d0 + 8 * c);
+      for (int j = 0; j < NJ; ++j) a[j][c] = _mm256_fmadd_ps(w[j], v, a[j][c]);
+    }
+  }
+  for (int j = 0; j < NJ; ++j)
+    for (int c = 0; c < C; ++c) _mm256_storeu_ps(acc + j * D + d0 + 8 * c, a[j][c]);
+}
+#endif
+
+// The scores of the rep query heads q (rep rows of D) against n key rows: scores[j * n + i].
+void decode_scores(const float* q, const float* const* rows, int64_t n, int64_t D, int64_t rep, float scale,
+                   float* scores) {
+#ifdef HOST_AVX2
+  for (int64_t j0 = 0; j0 < rep; j0 += 4) {
+    const float* qj = q + j0 * D;
+    float* sj = scores + j0 * n;
+    switch (std::min<int64_t>(4, rep - j0)) {
+      case 1: scores_of<1>(qj, rows, n, D, scale, sj, n); break;
+      case 2: scores_of<2>(qj, rows, n, D, scale, sj, n); break;
+      case 3: scores_of<3>(qj, rows, n, D, scale, sj, n); break;
+      default: scores_of<4>(qj, rows, n, D, scale, sj, n); break;
+    }
+  }
+#else
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < rep; ++j) scores[j * n + i] = dot(q + j * D, rows[i], D) * scale;
+#endif
+}
+
+// acc[j * D + d] = sum over i of p[j * n + i] * rows[i][d] for the rep heads (acc starts at 0).
+void decode_values(const float* p, const float* const* rows, int64_t n, int64_t D, int64_t rep, float* acc) {
+#ifdef HOST_AVX2
+  for (int64_t i0 = 0; i0 < n; i0 += kTile) {
+    const int64_t m = std::min(kTile, n - i0);
+    const float* const* tile = rows + i0;
+    // the first pass over a tile prefetches the rows of the next one
+    int64_t n_ahead = std::max<int64_t>(0, std::min(kTile, n - i0 - m));
+    for (int64_t j0 = 0; j0 < rep; j0 += 2) {
+      const float* pj = p + j0 * n + i0;
+      float* aj = acc + j0 * D;
+      const bool two = rep - j0 >= 2;
+      int64_t d0 = 0;
+      for (; d0 + 32 <= D; d0 += 32, n_ahead = 0) {
+        if (two) values_of<2, 4>(pj, n, tile, m, d0, D, aj, tile + m, n_ahead);
+        else values_of<1, 4>(pj, n, tile, m, d0, D, aj, tile + m, n_ahead);
+      }
+      for (; d0 < D; d0 += 8, n_ahead = 0) {
+        if (two) values_of<2, 1>(pj, n, tile, m, d0, D, aj, tile + m, n_ahead);
+        else values_of<1, 1>(pj, n, tile, m, d0, D, aj, tile + m, n_ahead);
+      }
+    }
+  }
+#else
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < rep; ++j) axpy(acc + j * D, rows[i], p[j * n + i], D);
+#endif
+}
+
+}  // namespace
+
 // q: [R, H, D] float32 contiguous; k_cache / v_cache: [num_blocks, block_size, KVH, D] views
 // (last dim contiguous); block_table: [R, max_blocks] int32; seq_lens: [R] int32.
 // Request r attends its last query token (position seq_lens[r]-1) to positions
@@ -31,7 +139,6 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
   float* op = out.data_ptr<float>();
   const float fscale = static_cast<float>(scale);
   const float cap = static_cast<float>(softcap), inv_cap = softcap > 0 ? static_cast<float>(1.0 / softcap) : 0.f;
-  [[maybe_unused]] const bool wide = D % 16 == 0;  // the AVX-512 loops (where built) take head sizes in 16s
 
   // Work items are (request, KV head, span of positions). When there are fewer (request, KV
   // head) pairs than twice the threads (batch-1 decode), long sequences are split into spans
@@ -55,31 +162,33 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
   const int64_t NI = static_cast<int64_t>(items.size());
   std::vector<float> part_m(NI * rep), part_l(NI * rep), part_acc(NI * rep * D, 0.f);
 
+  // Row pointers first (one division per position, none in the loops), then: the scores of the
+  // span, its softmax, and the weighted sum of its values. Where AVX2 is built in and the head
+  // size is a multiple of 8, both products keep their sums in registers (several query heads of
+  // the group per key/value row read) and prefetch rows ahead, since the pages of a sequence lie
+  // anywhere in the cache; other head sizes take the plain loops.
+  const bool vec = D % 8 == 0;
   at::parallel_for(0, NI, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
+    std::vector<const float*> krow, vrow;
     for (int64_t idx = begin; idx < end; ++idx) {
       const Item it = items[idx];
       const int64_t n = it.t1 - it.t0;
       scores.resize(rep * n);
-      const float* qh = qp + (it.r * H + it.h * rep) * D;
-#ifdef __AVX512F__
-      if (wide) {  // per head: its query row against each key, 16 lanes at a time
-        for (int64_t j = 0; j < rep; ++j) {
-          const float* qj = qh + j * D;
-          float* sj = scores.data() + j * n;
-          for (int64_t t = it.t0; t < it.t1; ++t) {
-            const float* kt = kp + bt[it.r * MB + t / BS] * ks0 + (t % BS) * ks1 + it.h * ks2;
-            __m512 a = _mm512_mul_ps(_mm512_loadu_ps(qj), _mm512_loadu_ps(kt));
-            for (int64_t d = 16; d < D; d += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(qj + d), _mm512_loadu_ps(kt + d), a);
-            sj[t - it.t0] = _mm512_reduce_add_ps(a) * fscale;
-          }
-        }
-      } else
-#endif
+      krow.resize(n);
+      vrow.resize(n);
       for (int64_t t = it.t0; t < it.t1; ++t) {
-        const int64_t blk = bt[it.r * MB + t / BS];
-        const float* kt = kp + blk * ks0 + (t % BS) * ks1 + it.h * ks2;
-        for (int64_t j = 0; j < rep; ++j) scores[j * n + (t - it.t0)] = dot(qh + j * D, kt, D) * fscale;
+        const int64_t blk = bt[it.r * MB + t / BS], slot = t % BS;
+        krow[t - it.t0] = kp + blk * ks0 + slot * ks1 + it.h * ks2;
+        vrow[t - it.t0] = vp + blk * vs0 + slot * vs1 + it.h * vs2;
+      }
+      const float* qh = qp + (it.r * H + it.h * rep) * D;
+      float* acc = part_acc.data() + idx * rep * D;
+      if (vec) {
+        decode_scores(qh, krow.data(), n, D, rep, fscale, scores.data());
+      } else {
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t j = 0; j < rep; ++j) scores[j * n + i] = dot(qh + j * D, krow[i], D) * fscale;
       }
       if (cap > 0.f) {  // soft-capping: the scaled logits through cap * tanh(s / cap)
         for (int64_t i = 0; i < rep * n; ++i) scores[i] = cap * std::tanh(scores[i] * inv_cap);
@@ -91,28 +200,11 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
         part_m[idx * rep + j] = m;
         part_l[idx * rep + j] = exp_shifted(sj, sj, n, m);
       }
-      float* acc = part_acc.data() + idx * rep * D;
-#ifdef __AVX512F__
-      if (wide) {  // per head and 64 columns: the weighted sum of the values held in 4 registers
-        for (int64_t j = 0; j < rep; ++j) {
-          const float* sj = scores.data() + j * n;
-          for (int64_t d0 = 0; d0 < D; d0 += 64) {
-            const int64_t chunks = std::min<int64_t>(64, D - d0) / 16;
-            __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-            for (int64_t t = it.t0; t < it.t1; ++t) {
-              const float* vt = vp + bt[it.r * MB + t / BS] * vs0 + (t % BS) * vs1 + it.h * vs2 + d0;
-              const __m512 pt = _mm512_set1_ps(sj[t - it.t0]);
-              for (int64_t c = 0; c < chunks; ++c) a[c] = _mm512_fmadd_ps(pt, _mm512_loadu_ps(vt + 16 * c), a[c]);
-            }
-            for (int64_t c = 0; c < chunks; ++c) _mm512_storeu_ps(acc + j * D + d0 + 16 * c, a[c]);
-          }
-        }
-      } else
-#endif
-      for (int64_t t = it.t0; t < it.t1; ++t) {
-        const int64_t blk = bt[it.r * MB + t / BS];
-        const float* vt = vp + blk * vs0 + (t % BS) * vs1 + it.h * vs2;
-        for (int64_t j = 0; j < rep; ++j) axpy(acc + j * D, vt, scores[j * n + (t - it.t0)], D);
+      if (vec) {
+        decode_values(scores.data(), vrow.data(), n, D, rep, acc);
+      } else {
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t j = 0; j < rep; ++j) axpy(acc + j * D, vrow[i], scores[j * n + i], D);
       }
     }
   });

@@ -305,19 +305,23 @@ def test_compiled_decode_kernel_splits_long_sequences(window) -> None:
     torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("head_size", [40, 80, 128])
-def test_compiled_decode_kernel_head_sizes(head_size) -> None:
-    """Head sizes in 16s take the wide loops (64 columns of values at a time: 80 and 128 need a
-    partial second pass), others the general loops; both equal softmax(q k^T) v."""
+@pytest.mark.parametrize("head_size", [36, 40, 80, 128])
+@pytest.mark.parametrize("heads", [6, 10])
+def test_compiled_decode_kernel_head_sizes(head_size, heads) -> None:
+    """Head sizes in 8s take the register-blocked loops (values in 32-column chunks, then 8-column
+    ones: 40 and 80 need both; query heads in groups of 4 for the scores and of 2 for the values:
+    a KV group of 3 or 5 heads leaves a partial group), others (36) the general loops; all equal
+    softmax(q k^T) v."""
     from host.plugins.builtin_cpu.kernels import cpu_kernels
 
     k = cpu_kernels()
     assert k is not None
     gen = torch.Generator().manual_seed(head_size)
-    reqs, heads, kv_heads, bs, length = 3, 6, 2, 16, 45
-    blocks = reqs * 3 + 1
+    reqs, kv_heads, bs, length = 3, 2, 16, 130  # 130 positions: value tiles of 48, the last partial
+    per = -(-length // bs)
+    blocks = reqs * per + 1
     kc, vc = torch.randn(blocks, bs, kv_heads, head_size, generator=gen), torch.randn(blocks, bs, kv_heads, head_size, generator=gen)
-    table = torch.randperm(blocks - 1, generator=gen)[: reqs * 3].add(1).view(reqs, 3).to(torch.int32)
+    table = torch.randperm(blocks - 1, generator=gen)[: reqs * per].add(1).view(reqs, per).to(torch.int32)
     lens = torch.tensor([length, 17, 1], dtype=torch.int32)
     q = torch.randn(reqs, heads, head_size, generator=gen)
     out = k.paged_decode(q, kc, vc, table, lens, 0.1, 0, 0.0)
