@@ -83,6 +83,7 @@ class ModelRunner:
         self._prev_sampled: tuple[torch.Tensor, dict[str, int]] | None = None
         self.num_in_flight_tokens = 0  # inputs taken from the device (asynchronous scheduling)
         self.decode_graphs: DecodeGraphs | None = None
+        self.warmed_up = False  # a profiling run has paid the first-call costs (profile_run)
         self.pipeline: PipelineStage | None = None  # this worker's stage (set by load_model)
         self._attention_layers: dict[int, Any] = {}
         # a hybrid KV cache: each layer's KV cache group and the number of groups (1: one group)
@@ -326,15 +327,19 @@ class ModelRunner:
             self.decode_graphs.capture()
 
     @torch.inference_mode()
-    def profile_run(self) -> None:
+    def profile_run(self, num_tokens: int | None = None) -> None:
         """The largest step the scheduler can issue, for memory profiling before the KV cache
-        exists: ``max_num_batched_tokens`` dummy tokens through the (possibly compiled) forward
-        with attention skipped (metadata ``None``: the backends return zeros and touch no
-        cache), then logits and a random draw for ``max_num_seqs`` rows."""
+        exists: ``max_num_batched_tokens`` dummy tokens (``num_tokens``, where given and
+        smaller) through the (possibly compiled) forward with attention skipped (metadata
+        ``None``: the backends return zeros and touch no cache), then logits and a random draw
+        for ``max_num_seqs`` rows (at most one per token). Sets :attr:`warmed_up`."""
         from host.core.worker.sampler import SamplingMetadata
 
         sched = self.config.scheduler
         n = max(1, min(sched.max_num_batched_tokens, sched.max_num_seqs * sched.max_model_len))
+        if num_tokens is not None:
+            n = max(1, min(n, num_tokens))
+        self.warmed_up = True
         input_ids = torch.zeros(n, dtype=torch.int64, device=self.device)
         positions = torch.arange(n, device=self.device) % sched.max_model_len
         no_cache = [torch.empty(0, dtype=self.dtype, device=self.device)] * self.num_layers

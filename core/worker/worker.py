@@ -19,6 +19,9 @@ logger = logging.getLogger("host.worker")
 CPU_DEFAULT_KV_BYTES = 2 * 2**30
 # set aside for the decode graphs' memory pool, captured after the KV cache is allocated
 GRAPH_MEMORY_RESERVE = 512 * 2**20
+WARM_UP_TOKENS = 16
+"""Tokens of the warm-up step where no profiling run happened (:meth:`Worker.initialize_kv_cache`):
+more than the small-batch kernels' rows, so the batched linears run once as well."""
 
 
 def make_step_kind(runner: ModelRunner) -> StepKind:
@@ -143,8 +146,15 @@ class Worker:
         return budget
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
+        """Allocate the KV cache; then, where no profiling run has happened (on CPU, or with
+        ``--kv-cache-memory``), warm the model up with a profiling run of
+        :data:`WARM_UP_TOKENS` tokens, so the first request does not pay one-time costs: the
+        first call of a torch custom op imports ``torch._dynamo`` (about 1 s), oneDNN creates its
+        primitives, kernels allocate their buffers."""
         assert self.model_runner is not None
         self.model_runner.initialize_kv_cache(num_blocks)
+        if not self.model_runner.warmed_up:
+            self.model_runner.profile_run(num_tokens=WARM_UP_TOKENS)
 
     def execute_model(self, scheduler_output: SchedulerOutput, non_blocking: bool = False) -> Any:
         """The step's output, or with ``non_blocking`` a handle whose ``get_output()`` gives it."""
