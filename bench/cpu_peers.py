@@ -389,6 +389,11 @@ def settings_for(args: argparse.Namespace) -> dict:
     return s
 
 
+def default_out(args: argparse.Namespace) -> Path:
+    """``--out``, else ``bench/results/cpu_peers.json`` (``--quick``: ``cpu_peers_quick.json``)."""
+    return Path(args.out) if args.out else Path(__file__).parent / "results" / ("cpu_peers_quick.json" if args.quick else "cpu_peers.json")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="8 and 16 requests of 32 tokens, 16 new tokens, 1 round: checks every engine runs")
@@ -435,6 +440,8 @@ def main() -> None:
                   {k: round(v["tok_s"], 1) for k, v in res.get("throughput", {}).items()} | {"batch1": round(res.get("batch1_decode_tok_s") or 0, 1)},
                   flush=True)
         results["rounds"].append(this)
+        partial = default_out(args).with_suffix(".partial.json")
+        partial.write_text(json.dumps(results, indent=1))  # the raw rounds so far, should a later one not finish
 
     from host.core.models.default_model import default_gguf_path, default_model_path
 
@@ -471,7 +478,7 @@ def main() -> None:
     lines = table(results)
     print("\n" + "\n".join(lines))
     results["table"] = lines
-    out = Path(args.out) if args.out else Path(__file__).parent / "results" / ("cpu_peers_quick.json" if args.quick else "cpu_peers.json")
+    out = default_out(args)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
     print(f"saved {out}")
