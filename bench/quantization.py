@@ -41,6 +41,7 @@ import os
 import platform as pyplatform
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -366,6 +367,10 @@ def measure_bandwidth(nbytes: int = 512 * 2**20, repeats: int = 5) -> float:
     return nbytes / best
 
 
+def _stop_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds through run_section's cleanup, unlike the default action
+
+
 def run_section(name: str, settings: dict, timeout: float, script: str = __file__) -> dict:
     """One section of ``script`` (run as ``script --_section name``) in a child process under
     ``timeout`` seconds: its result, or ``{"error": ...}``."""
@@ -376,15 +381,30 @@ def run_section(name: str, settings: dict, timeout: float, script: str = __file_
         if settings.get("threads") and not name.startswith("llama.cpp"):
             env["OMP_NUM_THREADS"] = str(settings["threads"])  # torch's and host's C++ kernels' OpenMP pools
         t0 = time.perf_counter()
+        # its own process group, killed whole when the section ends, times out or the benchmark
+        # is stopped: an engine's worker processes (vLLM's VLLM::Worker) outlive a killed parent
+        # and would compute beside every later section
+        # and its output goes to a file, not a pipe, which such a process would hold open
+        signal.signal(signal.SIGTERM, _stop_on_sigterm)
+        log = Path(tmp) / "section.log"
+        with open(log, "w") as log_file:
+            proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:
-            proc = subprocess.run(cmd, timeout=timeout, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+            proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             return {"error": f"ran past its {timeout:.0f} s cap (--section-timeout)"}
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+        stdout = log.read_text(errors="replace")
         if out.is_file():
             result = json.loads(out.read_text())
             result["section_s"] = time.perf_counter() - t0
             return result
-        tail = "\n".join(proc.stdout.strip().splitlines()[-12:])
+        tail = "\n".join(stdout.strip().splitlines()[-12:])
         return {"error": f"exited {proc.returncode} without a result:\n{tail}"}
 
 

@@ -75,3 +75,44 @@ def test_token_check_and_table(cpu_peers):
     assert "host default batch-1 / llama.cpp tg128: 0.81x" in text  # 85 / 105
     assert "agree across host:gguf, vllm:bfloat16" in text
     assert "round 2 vllm:bfloat16: NOT MEASURED: RuntimeError: it broke" in text
+
+
+SECTION = """
+import json, subprocess, sys, time
+args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
+settings = json.loads(args["--_settings"])
+worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])  # as vLLM starts VLLM::Worker
+with open(settings["pid_file"], "w") as f:
+    f.write(str(worker.pid))
+if args["--_section"] == "hangs":
+    time.sleep(300)
+with open(args["--_out"], "w") as f:
+    json.dump({"ok": True}, f)
+"""
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"  # a zombie no one has reaped yet has stopped running
+
+
+@pytest.mark.parametrize("section", ["finishes", "hangs"])
+def test_a_section_leaves_no_process_behind(cpu_peers, tmp_path, section):
+    """run_section kills the section's whole process group when it returns: a worker process the
+    engine started does not outlive the section and compute beside the next one, whether the
+    section finished or ran past its cap."""
+    import time
+
+    script = tmp_path / "section.py"
+    script.write_text(SECTION)
+    pid_file = tmp_path / "worker.pid"
+    result = cpu_peers.qbench.run_section(section, {"pid_file": str(pid_file)}, timeout=10, script=str(script))
+    assert result.get("ok") if section == "finishes" else "cap" in result["error"], result
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while _running(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running(pid), f"the section's worker process {pid} outlived it"
