@@ -31,15 +31,6 @@ def _kernel_build():
     return module
 
 
-def _write_if_changed(path: str, text: str) -> None:
-    if os.path.isfile(path):
-        with open(path, encoding="utf-8") as f:
-            if f.read() == text:
-                return
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
-
-
 def cpu_kernel_extensions() -> tuple[list, dict]:
     """The extension modules and the ``cmdclass`` that builds them (both empty when not built)."""
     if os.environ.get("HOST_BUILD_CPU_KERNELS", "1") == "0":
@@ -59,7 +50,6 @@ def cpu_kernel_extensions() -> tuple[list, dict]:
     for name in names:
         with open(os.path.join(ROOT, CPU, "csrc", name), encoding="utf-8") as f:
             texts.append(f.read())
-    source_hash = kb.sources_hash(texts)
     wanted = os.environ.get("HOST_CPU_KERNEL_ISAS", "").strip()
     if wanted:
         isas = [name.strip().lower() for name in wanted.split(",") if name.strip()]
@@ -71,13 +61,10 @@ def cpu_kernel_extensions() -> tuple[list, dict]:
     for isa in isas:
         # each instruction set compiles its own copy of the sources (object files apart)
         stage = os.path.join("build", "host_cpu_kernels", isa)
-        os.makedirs(stage, exist_ok=True)
-        for name, text in zip(names, texts):
-            _write_if_changed(os.path.join(stage, name), text)
-        _write_if_changed(os.path.join(stage, kb.BINDINGS), kb.bindings_source(source_hash))
+        sources = kb.stage_sources(stage, texts)
         extensions.append(CppExtension(
             name=f"host.plugins.builtin_cpu.{kb.PREBUILT_PREFIX}{isa}",
-            sources=[os.path.join(stage, name) for name in (kb.BINDINGS, *kb.SOURCES)],
+            sources=sources,
             include_dirs=[os.path.join(ROOT, stage)],
             extra_compile_args=[*kb.CFLAGS, *kb.isa_flags_of(isa)],
             extra_link_args=list(kb.LDFLAGS),

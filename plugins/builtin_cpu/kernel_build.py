@@ -135,5 +135,32 @@ def bindings_source(source_hash: str) -> str:
     return "\n".join([*lines, "}", ""])
 
 
+def write_if_changed(path: str, text: str) -> None:
+    """Writes ``text`` to ``path`` unless it already holds it (an unchanged file keeps its time, so
+    ninja does not rebuild it), through a temporary file: a process starting beside this one
+    never compiles half a file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            if f.read() == text:
+                return
+    except OSError:
+        pass
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def stage_sources(folder: str, texts: list[str]) -> list[str]:
+    """Writes ``texts`` (:data:`SOURCES` then :data:`HEADERS`) and the bindings generated for them
+    into ``folder``; returns the paths of the translation units to compile (the bindings first:
+    with all of ``torch/extension.h`` to parse, they take about as long as quant_linear.cpp)."""
+    os.makedirs(folder, exist_ok=True)
+    for name, text in zip((*SOURCES, *HEADERS), texts):
+        write_if_changed(os.path.join(folder, name), text)
+    write_if_changed(os.path.join(folder, BINDINGS), bindings_source(sources_hash(texts)))
+    return [os.path.join(folder, name) for name in (BINDINGS, *SOURCES)]
+
+
 PREBUILT_PREFIX = "_kernels_"
 """A prebuilt module is ``host.plugins.builtin_cpu._kernels_<isa>``."""

@@ -52,7 +52,6 @@ from typing import Any, Callable
 import torch
 
 from host.plugins.builtin_cpu.kernel_build import (
-    BINDINGS,
     CFLAGS,
     HEADERS,
     ISA_CANDIDATES,
@@ -60,11 +59,11 @@ from host.plugins.builtin_cpu.kernel_build import (
     PREBUILT_PREFIX,
     SCALAR,
     SOURCES,
-    bindings_source,
     isa_flags_of,
     isa_names,
     probe_runs,
     sources_hash,
+    stage_sources,
 )
 
 logger = logging.getLogger("host.cpu")
@@ -81,34 +80,11 @@ def kernel_sources() -> list[str]:
     return [folder.joinpath(name).read_text(encoding="utf-8") for name in (*SOURCES, *HEADERS)]
 
 
-def _write_if_changed(path: str, text: str) -> None:
-    """Writes ``text`` to ``path`` unless it already holds it (an unchanged file keeps its time, so
-    ninja does not rebuild it), through a temporary file: a process starting beside this one
-    never compiles half a file."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            if f.read() == text:
-                return
-    except OSError:
-        pass
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def _stage_sources(build_directory: str) -> list[str]:
-    """Copies :data:`SOURCES` and :data:`HEADERS` out of the installed package into
-    ``build_directory/csrc`` and writes the bindings beside them; returns the paths of the
-    translation units to compile (the bindings first: with all of ``torch/extension.h`` to parse,
-    they take about as long as quant_linear.cpp)."""
-    folder = os.path.join(build_directory, "csrc")
-    os.makedirs(folder, exist_ok=True)
-    names = (*SOURCES, *HEADERS)
-    for name, text in zip(names, kernel_sources()):
-        _write_if_changed(os.path.join(folder, name), text)
-    _write_if_changed(os.path.join(folder, BINDINGS), bindings_source(sources_hash(kernel_sources())))
-    return [os.path.join(folder, name) for name in (BINDINGS, *SOURCES)]
+    """Copies the sources out of the installed package into ``build_directory/csrc`` with the
+    generated bindings (:func:`~host.plugins.builtin_cpu.kernel_build.stage_sources`); returns the
+    translation units to compile."""
+    return stage_sources(os.path.join(build_directory, "csrc"), kernel_sources())
 
 
 def _ensure_ninja_on_path() -> None:
