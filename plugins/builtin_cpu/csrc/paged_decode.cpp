@@ -12,10 +12,9 @@ constexpr int64_t kAhead = 16;
 // every query head and column chunk of the group passes over them.
 constexpr int64_t kTile = 48;
 
-// locality 3: into L1 (about to be read); 2: into L2 (read after the pass in progress)
-template <int Locality = 3>
+// a row of D floats into L1, one prefetch per 64-byte line
 inline void prefetch_row(const float* row, int64_t D) {
-  for (int64_t d = 0; d < D; d += 16) __builtin_prefetch(row + d, 0, Locality);
+  for (int64_t d = 0; d < D; d += 16) __builtin_prefetch(row + d, 0, 3);
 }
 
 #ifdef HOST_AVX2
