@@ -383,8 +383,8 @@ def run_section(name: str, settings: dict, timeout: float, script: str = __file_
         t0 = time.perf_counter()
         # its own process group, killed whole when the section ends, times out or the benchmark
         # is stopped: an engine's worker processes (vLLM's VLLM::Worker) outlive a killed parent
-        # and would compute beside every later section
-        # and its output goes to a file, not a pipe, which such a process would hold open
+        # and would compute beside every later section; its output goes to a file, not a pipe,
+        # which such a process would hold open
         signal.signal(signal.SIGTERM, _stop_on_sigterm)
         log = Path(tmp) / "section.log"
         with open(log, "w") as log_file:

@@ -59,52 +59,59 @@ void values_of(const float* p, int64_t stride, const float* const* rows, int64_t
 #endif
 
 // The scores of the rep query heads q (rep rows of D) against n key rows: scores[j * n + i].
+// Register-blocked where AVX2 is built in and D % 8 == 0; plain loops otherwise.
 void decode_scores(const float* q, const float* const* rows, int64_t n, int64_t D, int64_t rep, float scale,
                    float* scores) {
 #ifdef HOST_AVX2
-  for (int64_t j0 = 0; j0 < rep; j0 += 4) {
-    const float* qj = q + j0 * D;
-    float* sj = scores + j0 * n;
-    switch (std::min<int64_t>(4, rep - j0)) {
-      case 1: scores_of<1>(qj, rows, n, D, scale, sj, n); break;
-      case 2: scores_of<2>(qj, rows, n, D, scale, sj, n); break;
-      case 3: scores_of<3>(qj, rows, n, D, scale, sj, n); break;
-      default: scores_of<4>(qj, rows, n, D, scale, sj, n); break;
+  if (D % 8 == 0) {
+    for (int64_t j0 = 0; j0 < rep; j0 += 4) {
+      const float* qj = q + j0 * D;
+      float* sj = scores + j0 * n;
+      switch (std::min<int64_t>(4, rep - j0)) {
+        case 1: scores_of<1>(qj, rows, n, D, scale, sj, n); break;
+        case 2: scores_of<2>(qj, rows, n, D, scale, sj, n); break;
+        case 3: scores_of<3>(qj, rows, n, D, scale, sj, n); break;
+        default: scores_of<4>(qj, rows, n, D, scale, sj, n); break;
+      }
     }
+    return;
   }
-#else
+#endif
   for (int64_t i = 0; i < n; ++i)
     for (int64_t j = 0; j < rep; ++j) scores[j * n + i] = dot(q + j * D, rows[i], D) * scale;
-#endif
 }
 
 // acc[j * D + d] = sum over i of p[j * n + i] * rows[i][d] for the rep heads (acc starts at 0).
+// Where AVX2 is built in and D % 8 == 0: tiles of kTile positions, each passed over by 2 query
+// heads x 32 columns at a time (then 8-column chunks), the first pass over a tile prefetching
+// the rows of the next one; plain loops otherwise.
 void decode_values(const float* p, const float* const* rows, int64_t n, int64_t D, int64_t rep, float* acc) {
 #ifdef HOST_AVX2
-  for (int64_t i0 = 0; i0 < n; i0 += kTile) {
-    const int64_t m = std::min(kTile, n - i0);
-    const float* const* tile = rows + i0;
-    // the first pass over a tile prefetches the rows of the next one
-    int64_t n_ahead = std::max<int64_t>(0, std::min(kTile, n - i0 - m));
-    for (int64_t j0 = 0; j0 < rep; j0 += 2) {
-      const float* pj = p + j0 * n + i0;
-      float* aj = acc + j0 * D;
-      const bool two = rep - j0 >= 2;
-      int64_t d0 = 0;
-      for (; d0 + 32 <= D; d0 += 32, n_ahead = 0) {
-        if (two) values_of<2, 4>(pj, n, tile, m, d0, D, aj, tile + m, n_ahead);
-        else values_of<1, 4>(pj, n, tile, m, d0, D, aj, tile + m, n_ahead);
-      }
-      for (; d0 < D; d0 += 8, n_ahead = 0) {
-        if (two) values_of<2, 1>(pj, n, tile, m, d0, D, aj, tile + m, n_ahead);
-        else values_of<1, 1>(pj, n, tile, m, d0, D, aj, tile + m, n_ahead);
+  if (D % 8 == 0) {
+    for (int64_t i0 = 0; i0 < n; i0 += kTile) {
+      const int64_t m = std::min(kTile, n - i0);
+      const float* const* tile = rows + i0;
+      int64_t n_ahead = std::max<int64_t>(0, std::min(kTile, n - i0 - m));
+      for (int64_t j0 = 0; j0 < rep; j0 += 2) {
+        const float* pj = p + j0 * n + i0;
+        float* aj = acc + j0 * D;
+        const bool two = rep - j0 >= 2;
+        int64_t d0 = 0;
+        for (; d0 + 32 <= D; d0 += 32, n_ahead = 0) {
+          if (two) values_of<2, 4>(pj, n, tile, m, d0, D, aj, tile + m, n_ahead);
+          else values_of<1, 4>(pj, n, tile, m, d0, D, aj, tile + m, n_ahead);
+        }
+        for (; d0 < D; d0 += 8, n_ahead = 0) {
+          if (two) values_of<2, 1>(pj, n, tile, m, d0, D, aj, tile + m, n_ahead);
+          else values_of<1, 1>(pj, n, tile, m, d0, D, aj, tile + m, n_ahead);
+        }
       }
     }
+    return;
   }
-#else
+#endif
   for (int64_t i = 0; i < n; ++i)
     for (int64_t j = 0; j < rep; ++j) axpy(acc + j * D, rows[i], p[j * n + i], D);
-#endif
 }
 
 }  // namespace
@@ -165,8 +172,7 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
   // span, its softmax, and the weighted sum of its values. Where AVX2 is built in and the head
   // size is a multiple of 8, both products keep their sums in registers (several query heads of
   // the group per key/value row read) and prefetch rows ahead, since the pages of a sequence lie
-  // anywhere in the cache; other head sizes take the plain loops.
-  const bool vec = D % 8 == 0;
+  // anywhere in the cache; other head sizes take the plain loops (decode_scores, decode_values).
   at::parallel_for(0, NI, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     std::vector<const float*> krow, vrow;
@@ -183,12 +189,7 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
       }
       const float* qh = qp + (it.r * H + it.h * rep) * D;
       float* acc = part_acc.data() + idx * rep * D;
-      if (vec) {
-        decode_scores(qh, krow.data(), n, D, rep, fscale, scores.data());
-      } else {
-        for (int64_t i = 0; i < n; ++i)
-          for (int64_t j = 0; j < rep; ++j) scores[j * n + i] = dot(qh + j * D, krow[i], D) * fscale;
-      }
+      decode_scores(qh, krow.data(), n, D, rep, fscale, scores.data());
       if (cap > 0.f) {  // soft-capping: the scaled logits through cap * tanh(s / cap)
         for (int64_t i = 0; i < rep * n; ++i) scores[i] = cap * std::tanh(scores[i] * inv_cap);
       }
@@ -199,12 +200,7 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
         part_m[idx * rep + j] = m;
         part_l[idx * rep + j] = exp_shifted(sj, sj, n, m);
       }
-      if (vec) {
-        decode_values(scores.data(), vrow.data(), n, D, rep, acc);
-      } else {
-        for (int64_t i = 0; i < n; ++i)
-          for (int64_t j = 0; j < rep; ++j) axpy(acc + j * D, vrow[i], scores[j * n + i], D);
-      }
+      decode_values(scores.data(), vrow.data(), n, D, rep, acc);
     }
   });
 
