@@ -11,7 +11,10 @@ CORE_SOURCE = "host.core"  # the source the table shows for these entries
 
 
 def offer_core_kernels(register: Callable[..., None]) -> None:
-    """Register the core's references: the batched LoRA product's torch path (every device)."""
+    """Register the core's references for every device: the batched LoRA product's torch path and
+    the fused MoE experts' sorted reference."""
     from host.core.lora.punica import offer_kernels as offer_lora_kernels
+    from host.core.moe.fused_experts import offer_kernels as offer_moe_kernels
 
     offer_lora_kernels(register)
+    offer_moe_kernels(register)

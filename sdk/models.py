@@ -30,13 +30,13 @@ from host.core.models.layers import (
     rope_parameters_from_config,
     set_layer_kernels,
 )
-from host.core.models.llama import DecoderModel, LlamaForCausalLM
+from host.core.models.llama import DecoderAttention, DecoderModel, LlamaForCausalLM
 from host.core.models.parallel_layers import ModelShard
 from host.core.models.quant_linear import QuantEmbedding, QuantLinear, make_embedding, make_linear
 from host.interfaces.model import ModelForCausalLM
 
 __all__ = [
-    "LAYER_KERNEL_OPS", "Attention", "DecoderModel", "GGUFTensor", "LlamaForCausalLM", "ModelForCausalLM",
+    "LAYER_KERNEL_OPS", "Attention", "DecoderAttention", "DecoderModel", "GGUFTensor", "LlamaForCausalLM", "ModelForCausalLM",
     "ModelShard", "QuantEmbedding", "QuantLinear", "RMSNorm", "RotaryEmbedding", "SiluAndMul",
     "attach_layer_kernels", "make_embedding", "make_linear", "rope_parameters_from_config", "set_layer_kernels",
 ]

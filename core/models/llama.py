@@ -172,15 +172,18 @@ class GatedMLP(nn.Module):
     with another gate function overrides :meth:`activation`."""
 
     def __init__(
-        self, config: Any, dtype: torch.dtype, layer_idx: int = 0, quant: Any = None, shard: ModelShard | None = None
+        self, config: Any, dtype: torch.dtype, layer_idx: int = 0, quant: Any = None, shard: ModelShard | None = None,
+        intermediate_size: int | None = None, prefix: str | None = None,
     ) -> None:
+        """``intermediate_size`` (default ``config.intermediate_size``) and ``prefix`` (default
+        ``model.layers.<i>.mlp``) serve an MLP inside another block (an MoE's shared expert)."""
         super().__init__()
         self.act = self.activation(config)
         shard = shard or ModelShard()
         bias = bool(getattr(config, "mlp_bias", False))
-        hidden, inter = config.hidden_size, config.intermediate_size
+        hidden, inter = config.hidden_size, intermediate_size or config.intermediate_size
         self.intermediate_size = inter // shard.tp_size  # this rank's
-        prefix = f"model.layers.{layer_idx}.mlp"
+        prefix = prefix or f"model.layers.{layer_idx}.mlp"
         linear_for = None if quant is None else quant.linear_method
         self.gate_up_proj = column_linear(
             linear_for, f"{prefix}.gate_up_proj", hidden, [inter, inter], bias, dtype, **shard.tp_kwargs()
@@ -202,6 +205,10 @@ class GatedMLP(nn.Module):
 class DecoderLayer(nn.Module):
     """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x)).
 
+    ``mlp_of(config, dtype, layer_idx, quant, shard)`` builds the feed-forward block (default
+    :class:`GatedMLP`; a mixture-of-experts model passes its sparse block); ``attn_cls`` the
+    attention (default :class:`DecoderAttention`).
+
     The residual stream travels next to the block output: the layer takes ``(hidden,
     residual)`` — the previous block's output and the sum before it, ``residual=None`` for the
     first layer — and each norm adds the two before normalizing (one fused pass on platforms
@@ -216,13 +223,15 @@ class DecoderLayer(nn.Module):
         attn_backend: type | None,
         quant: Any = None,
         shard: ModelShard | None = None,
+        mlp_of: Callable[..., nn.Module] | None = None,
+        attn_cls: type[nn.Module] | None = None,
         **attn_kw: Any,
     ) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
-        self.self_attn = DecoderAttention(config, layer_idx, dtype, attn_backend, quant=quant, shard=shard, **attn_kw)
+        self.self_attn = (attn_cls or DecoderAttention)(config, layer_idx, dtype, attn_backend, quant=quant, shard=shard, **attn_kw)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
-        self.mlp = GatedMLP(config, dtype, layer_idx, quant, shard)
+        self.mlp = (mlp_of or GatedMLP)(config, dtype, layer_idx, quant, shard)
 
     def forward(
         self, hidden: torch.Tensor, residual: torch.Tensor | None, rope: RopeBatch
@@ -363,6 +372,8 @@ class LlamaForCausalLM(ModelForCausalLM):
         return bool(getattr(config, "attention_bias", False))
 
     qk_norm = False
+    # Hugging Face sub-projection -> (our fused parameter, shard id); a subclass adds its own
+    stacked_params: dict[str, tuple[str, Any]] = _STACKED
     # the ``model.`` module: built as decoder_cls(config, dtype, attn_backend, quant_plan, shard,
     # qkv_bias=..., o_bias=..., qk_norm=...) with DecoderModel's attributes (Gemma has its own)
     decoder_cls: type[nn.Module] = DecoderModel
@@ -467,7 +478,7 @@ class LlamaForCausalLM(ModelForCausalLM):
         embedding, the final norm and the LM head it does not hold (the last stage of a tied
         model fills its LM head from ``model.embed_tokens.weight``).
         """
-        params = dict(self.named_parameters())
+        params = {name: p for name, p in self.named_parameters() if not self.loads_itself(name)}
         quantized = {
             f"{name}.weight": module
             for name, module in self.named_modules()
@@ -484,6 +495,8 @@ class LlamaForCausalLM(ModelForCausalLM):
                 continue
             if not self._held(name):
                 continue  # another pipeline stage's tensor
+            if self.load_extra_weight(name, tensor):
+                continue
             if name.startswith("model.embed_tokens.") and not self.is_first_stage:
                 name = "lm_head." + name.removeprefix("model.embed_tokens.")  # the tied head's copy
             target, shard, rows = self._target(name)
@@ -514,6 +527,16 @@ class LlamaForCausalLM(ModelForCausalLM):
         finish_loading(self)
         return set(filled) | set(quantized)
 
+    def load_extra_weight(self, name: str, tensor: Any) -> bool:
+        """A subclass's own checkpoint tensors (a mixture-of-experts model's experts): load
+        ``tensor`` and return True, or return False to let the common rules place it."""
+        return False
+
+    def loads_itself(self, param_name: str) -> bool:
+        """Whether parameter ``param_name`` is filled (and checked) by :meth:`load_extra_weight`'s
+        owner rather than the common completeness check."""
+        return False
+
     @staticmethod
     def _shard_index(layer: Any, shard: Any) -> int:
         """The index in ``layer.output_sizes`` of a checkpoint shard id (q/k/v, 0/1, or None)."""
@@ -542,16 +565,16 @@ class LlamaForCausalLM(ModelForCausalLM):
             return name, None, None
         idx, rest = int(match.group(1)), match.group(2)
         module, _, suffix = rest.rpartition(".")
-        if module not in _STACKED or idx >= len(self.model.layers):
+        if module not in self.stacked_params or idx >= len(self.model.layers):
             return name, None, None
-        fused, shard = _STACKED[module]
+        fused, shard = self.stacked_params[module]
         layer = self.model.layers[idx]
-        if isinstance(layer.self_attn.qkv_proj if fused == "self_attn.qkv_proj" else layer.mlp.gate_up_proj, PARALLEL_LAYERS):
+        if isinstance(layer.get_submodule(fused), PARALLEL_LAYERS):
             return f"model.layers.{idx}.{fused}.{suffix}", shard, None  # the layer slices
-        if fused == "self_attn.qkv_proj":
-            rows = layer.self_attn.shard_slice(shard)
-        else:
-            size = layer.mlp.intermediate_size
+        if fused.endswith("qkv_proj"):
+            rows = layer.get_submodule(fused.rpartition(".")[0]).shard_slice(shard)
+        else:  # a fused gate/up: the owning MLP's (this rank's) intermediate size per shard
+            size = layer.get_submodule(fused.rpartition(".")[0]).intermediate_size
             rows = slice(shard * size, (shard + 1) * size)
         return f"model.layers.{idx}.{fused}.{suffix}", shard, rows
 

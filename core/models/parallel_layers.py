@@ -444,19 +444,29 @@ class ModelShard:
         pp_layer_partition: list[int] | None = None,
         *,
         from_groups: bool = False,
+        expert_parallel: bool = False,
+        num_redundant_experts: int = 0,
     ) -> None:
+        """``expert_parallel`` (``--enable-expert-parallel``): a mixture-of-experts model splits
+        whole experts over the tensor-parallel ranks instead of each expert;
+        ``num_redundant_experts`` (EPLB) adds that many physical expert slots per MoE layer."""
         if not (0 <= tp_rank < tp_size and 0 <= pp_rank < pp_size):
             raise ValueError(f"ModelShard(tp_rank={tp_rank}, tp_size={tp_size}, pp_rank={pp_rank}, pp_size={pp_size}): ranks out of range")
         self.tp_rank, self.tp_size, self.pp_rank, self.pp_size = tp_rank, tp_size, pp_rank, pp_size
         self.pp_layer_partition = pp_layer_partition
         self.from_groups = from_groups
+        self.expert_parallel = expert_parallel
+        self.num_redundant_experts = num_redundant_experts
 
     @classmethod
-    def current(cls, pp_layer_partition: list[int] | None = None) -> "ModelShard":
+    def current(
+        cls, pp_layer_partition: list[int] | None = None, *, expert_parallel: bool = False, num_redundant_experts: int = 0
+    ) -> "ModelShard":
         from host.core.distributed.parallel_state import get_pp_group
 
         tp, pp = get_tp_group(), get_pp_group()
-        return cls(tp.rank_in_group, tp.world_size, pp.rank_in_group, pp.world_size, pp_layer_partition, from_groups=True)
+        return cls(tp.rank_in_group, tp.world_size, pp.rank_in_group, pp.world_size, pp_layer_partition, from_groups=True,
+                   expert_parallel=expert_parallel, num_redundant_experts=num_redundant_experts)
 
     def tp_kwargs(self) -> dict[str, int]:
         """Keyword arguments for the layers: none when the groups decide (collectives on)."""

@@ -130,7 +130,7 @@ class FusedDecode:
     @classmethod
     def supports(cls, decoder: nn.Module) -> str | None:
         """Why this decoder cannot use the fused path (``None``: it can)."""
-        from host.sdk.models import DecoderModel
+        from host.sdk.models import DecoderAttention, DecoderModel
 
         if not isinstance(decoder, DecoderModel) or len(decoder.layers) == 0:
             return "not a Llama-family decoder"
@@ -140,6 +140,8 @@ class FusedDecode:
             return "odd rotary dimension"
         for layer in decoder.layers:
             attn, mlp = layer.self_attn, layer.mlp
+            if not hasattr(mlp, "gate_up_proj") or type(attn).forward is not DecoderAttention.forward:
+                return "the layers are not Llama-shaped (mixture-of-experts or their own attention)"
             for linear in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
                 if getattr(linear, "scheme", None) is not None:
                     reason = _quant_reason(linear)

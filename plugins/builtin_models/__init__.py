@@ -19,6 +19,10 @@ ARCHITECTURES = {
     "Phi3ForCausalLM": "host.core.models.phi3:Phi3ForCausalLM",
     "Gemma2ForCausalLM": "host.core.models.gemma:Gemma2ForCausalLM",
     "Gemma3ForCausalLM": "host.core.models.gemma:Gemma3ForCausalLM",
+    "Qwen2MoeForCausalLM": "host.core.models.moe_models:Qwen2MoeForCausalLM",
+    "Qwen3MoeForCausalLM": "host.core.models.moe_models:Qwen3MoeForCausalLM",
+    "MixtralForCausalLM": "host.core.models.moe_models:MixtralForCausalLM",
+    "OlmoeForCausalLM": "host.core.models.moe_models:OlmoeForCausalLM",
     "BertModel": "host.core.models.bert:BertModel",  # an encoder: --runner pooling (docs/pooling.md)
 }
 
