@@ -25,6 +25,7 @@ from host.core.config import (
     CacheConfig,
     CompilationConfig,
     EngineConfig,
+    EPLBConfig,
     KVTransferConfig,
     LoadConfig,
     LoRAConfig,
@@ -165,6 +166,17 @@ class EngineArgs:
     pp_layer_partition: list[int] | None = flag(
         help="layers per pipeline stage, e.g. 10,14 for -pp 2", parse="int_list", default_text="as even as possible"
     )
+    enable_expert_parallel: bool = flag(
+        False, help="mixture-of-experts models: split whole experts over the tensor-parallel ranks instead of each expert (docs/moe.md)"
+    )
+    enable_eplb: bool = flag(
+        False, help="mixture-of-experts models: rebalance experts over the ranks by their recorded load (docs/moe.md)"
+    )
+    eplb_config: dict | None = flag(
+        help='the load balancer as JSON, e.g. {"window_size": 1000, "step_interval": 3000, "num_redundant_experts": 2, '
+        '"log_balancedness": true}; also use_async, policy, min_improvement (docs/moe.md)',
+        parse="json", default_text="window 1000, interval 3000, no redundant experts",
+    )
     distributed_executor_backend: str | None = flag(
         help="the registered executor (host.executors) that drives one engine's workers: uniproc, mp, ray",
         default_text="uniproc for one worker, mp for more",
@@ -290,6 +302,9 @@ class EngineArgs:
                 data_parallel_size=self.data_parallel_size,
                 pp_layer_partition=self.pp_layer_partition,
                 distributed_executor_backend=self.distributed_executor_backend,
+                enable_expert_parallel=self.enable_expert_parallel,
+                enable_eplb=self.enable_eplb,
+                eplb=EPLBConfig.from_value(self.eplb_config),
             ),
             quant=_quantization_config(self.quantization, self.quantization_config, self.quantized_activations),
             kv_transfer=KVTransferConfig.from_value(self.kv_transfer_config),

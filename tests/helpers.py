@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 REPO = Path(__file__).resolve().parent.parent
 HOST_BIN = str(Path(sys.executable).with_name("host"))
@@ -70,6 +70,43 @@ def host_runs(calls: dict[str, list[str]], timeout: float = 300, inputs: dict[st
                               env=subprocess_env([]), timeout=timeout)
             for name, args in calls.items()
         }
+
+
+MOE_BASE = dict(
+    hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+    max_position_embeddings=256, rms_norm_eps=1e-6, initializer_range=0.1, tie_word_embeddings=False,
+)
+MOE_CASES: dict[str, tuple[str, dict[str, Any]]] = {
+    # layer 1 dense (mlp_only_layers), shared expert with its gate
+    "qwen2_moe": ("Qwen2Moe", dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, intermediate_size=96,
+                                   shared_expert_intermediate_size=48, mlp_only_layers=[1], norm_topk_prob=False)),
+    "qwen3_moe": ("Qwen3Moe", dict(num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32, intermediate_size=96,
+                                   norm_topk_prob=True, head_dim=16, decoder_sparse_step=1)),
+    "mixtral": ("Mixtral", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=48)),
+    "olmoe": ("Olmoe", dict(num_experts=8, num_experts_per_tok=2, intermediate_size=32, clip_qkv=3.0)),
+}
+
+
+def tiny_moe(path: Any, case: str, seed: int = 0, **extra: Any) -> str:
+    """A tiny random mixture-of-experts checkpoint of ``MOE_CASES[case]`` saved in ``path`` with
+    ``save_pretrained`` (norms moved off 1, routers scaled so each token's choices are clear)."""
+    import torch
+    import transformers
+
+    prefix, overrides = MOE_CASES[case]
+    config = getattr(transformers, f"{prefix}Config")(**{**MOE_BASE, **overrides, **extra})
+    config.architectures = [f"{prefix}ForCausalLM"]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = getattr(transformers, f"{prefix}ForCausalLM")(config).eval()
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    param.copy_(1.0 + 0.1 * torch.randn_like(param))
+                elif "gate" in name and param.dim() == 2 and param.shape[0] <= 8:
+                    param.mul_(20.0)  # routers with clear choices: the same experts in both runs
+    model.save_pretrained(path)
+    return str(path)
 
 
 def hf_model(path):

@@ -30,7 +30,7 @@ from host.core.config.kv_transfer import KVTransferConfig
 from host.core.config.load import LoadConfig
 from host.core.config.lora import LoRAConfig
 from host.core.config.model import ModelConfig
-from host.core.config.parallel import ParallelConfig
+from host.core.config.parallel import EPLBConfig, ParallelConfig
 from host.core.config.quantization import QuantizationConfig, compile_pattern
 from host.core.config.scheduler import SchedulerConfig
 from host.core.config.speculative import SpeculativeConfig
@@ -53,6 +53,7 @@ __all__ = [
     "LoRAConfig",
     "LoadConfig",
     "ModelConfig",
+    "EPLBConfig",
     "ParallelConfig",
     "QuantizationConfig",
     "SchedulerConfig",

@@ -238,9 +238,17 @@ def _accepts(model_cls: type, keyword: str) -> bool:
 
 
 def _shard_kwargs(model_cls: type, parallel_config: Any) -> dict[str, Any]:
-    """``{"shard": ModelShard}`` for a model built on one rank of several, else nothing."""
-    if parallel_config is None or parallel_config.world_size == 1:
+    """``{"shard": ModelShard}`` for a model built on one rank of several (or with EPLB's
+    redundant experts), else nothing."""
+    if parallel_config is None:
         return {}
+    redundant = parallel_config.eplb.num_redundant_experts if parallel_config.enable_eplb else 0
+    if parallel_config.world_size == 1:
+        if not redundant or not _accepts(model_cls, "shard"):
+            return {}
+        from host.core.models.parallel_layers import ModelShard
+
+        return {"shard": ModelShard(num_redundant_experts=redundant)}
     if not _accepts(model_cls, "shard"):
         raise ValueError(
             f"model class {model_cls.__name__} takes no shard, so it cannot run with -tp/-pp above 1; "
@@ -248,7 +256,10 @@ def _shard_kwargs(model_cls: type, parallel_config: Any) -> dict[str, Any]:
         )
     from host.core.models.parallel_layers import ModelShard
 
-    return {"shard": ModelShard.current(parallel_config.pp_layer_partition)}
+    return {"shard": ModelShard.current(
+        parallel_config.pp_layer_partition, expert_parallel=parallel_config.enable_expert_parallel,
+        num_redundant_experts=redundant,
+    )}
 
 
 def _build_quantized(model_cls: type, hf_config: Any, dtype: torch.dtype, attn_backend: Any, bound: Any, **extra: Any) -> nn.Module:

@@ -11,6 +11,7 @@ and DeepSeek) optionally scaled by ``sigmoid(shared_expert_gate(x))``.
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any, Iterable
 
@@ -20,6 +21,8 @@ from torch import nn
 from host.core.models.llama import _STACKED, GatedMLP, LlamaForCausalLM
 from host.core.models.parallel_layers import ModelShard
 from host.core.moe.layer import FusedMoE
+
+logger = logging.getLogger("host.models")
 
 # Hugging Face expert tensor names: model.layers.<i>.<block>.experts.<e>.<proj>.weight
 _EXPERT_RE = re.compile(r"^model\.layers\.(\d+)\.(mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\.(weight|bias)$")
@@ -173,4 +176,12 @@ class MoEForCausalLM(LlamaForCausalLM):
             )
         for layer in self.moe_layers():
             layer.finish_loading()
+        layers = self.moe_layers()
+        if layers:
+            first = layers[0]
+            how = (f"expert parallel: physical experts {first.local_start}-{first.local_start + first.num_local - 1} "
+                   f"of {first.num_physical}" if first.ep_size > 1 else
+                   f"every expert, intermediate {first.intermediate_size} of {first.intermediate_full}")
+            logger.info("%d MoE layers, %d experts each (top-%d); this rank holds %s",
+                        len(layers), first.num_logical, first.top_k, how)
         return filled | {name for name, _ in self.named_parameters() if self.loads_itself(name)}

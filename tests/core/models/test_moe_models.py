@@ -8,53 +8,22 @@ from typing import Any
 
 import pytest
 import torch
-import transformers
 
-from helpers import hf_model
+from helpers import MOE_CASES as CASES
+from helpers import hf_model, tiny_moe
 from host import LLM, SamplingParams
 from host.core.config import LoadConfig, ModelConfig
 from host.core.models.loader import load_model
 from host.core.moe.layer import FusedMoE
 
 VOCAB = 256
-BASE = dict(
-    hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB,
-    max_position_embeddings=256, rms_norm_eps=1e-6, initializer_range=0.1, tie_word_embeddings=False,
-)
-CASES: dict[str, tuple[str, dict[str, Any]]] = {
-    # layer 1 dense (mlp_only_layers), shared expert with its gate
-    "qwen2_moe": ("Qwen2Moe", dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, intermediate_size=96,
-                                   shared_expert_intermediate_size=48, mlp_only_layers=[1], norm_topk_prob=False)),
-    "qwen3_moe": ("Qwen3Moe", dict(num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32, intermediate_size=96,
-                                   norm_topk_prob=True, head_dim=16, decoder_sparse_step=1)),
-    "mixtral": ("Mixtral", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=48)),
-    "olmoe": ("Olmoe", dict(num_experts=8, num_experts_per_tok=2, intermediate_size=32, clip_qkv=3.0)),
-}
-
-
-def tiny_moe(tmp_path_factory: Any, case: str, seed: int = 0) -> str:
-    prefix, overrides = CASES[case]
-    config = getattr(transformers, f"{prefix}Config")(**{**BASE, **overrides})
-    config.architectures = [f"{prefix}ForCausalLM"]
-    path = tmp_path_factory.mktemp(case)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = getattr(transformers, f"{prefix}ForCausalLM")(config).eval()
-        with torch.no_grad():
-            for name, param in model.named_parameters():
-                if name.endswith("norm.weight"):
-                    param.copy_(1.0 + 0.1 * torch.randn_like(param))
-                elif "gate" in name and param.dim() == 2 and param.shape[0] <= 8:
-                    param.mul_(20.0)  # routers with clear choices: the same experts in both runs
-    model.save_pretrained(path)
-    return str(path)
 
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory) -> dict[str, tuple[str, Any]]:
     made = {}
     for case in CASES:
-        path = tiny_moe(tmp_path_factory, case)
+        path = tiny_moe(tmp_path_factory.mktemp(case), case)
         made[case] = (path, hf_model(path))
     return made
 
