@@ -158,6 +158,16 @@ class LoRAStats(msgspec.Struct):
     waiting: dict[str, int] = msgspec.field(default_factory=dict)
 
 
+class EPLBStats(msgspec.Struct):
+    """The expert-parallel load balancer (``--enable-eplb``): balancedness of the last load window
+    (mean over max of the per-rank expert load, 1.0 even; ``None`` before the first window ends),
+    rearrangements done and skipped (gain below ``min_improvement``) since start-up."""
+
+    balancedness: float | None = None
+    rearrangements: int = 0
+    skipped: int = 0
+
+
 class SchedulerStats(msgspec.Struct, omit_defaults=True):
     """A snapshot of the scheduler for metrics (counters are totals since start-up)."""
 
@@ -180,6 +190,8 @@ class SchedulerStats(msgspec.Struct, omit_defaults=True):
     spec_decoding: SpecDecodingStats | None = None
     # --enable-lora: the adapters in use (core/lora/scheduler.py); else None
     lora_stats: LoRAStats | None = None
+    # --enable-eplb: the load balancer's state (core/moe/eplb/scheduler.py); else None
+    eplb_stats: EPLBStats | None = None
 
 
 class UtilityResult(msgspec.Struct):

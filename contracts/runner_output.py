@@ -28,6 +28,8 @@ class ModelRunnerOutput:
     spec_token_ids: list[list[int]] | None = None
     # a pooling model: each pooled request's vector by request id (docs/pooling.md), else None
     pooler_output: dict[str, list[float]] | None = None
+    # --enable-eplb: the load balancer's report (balancedness, rearrangements, skipped), else None
+    eplb_stats: dict[str, Any] | None = None
 
     def get_output(self) -> "ModelRunnerOutput":
         """A finished output is its own step handle (see ``Executor.execute_model``)."""

@@ -34,3 +34,14 @@ def host_register_models(register: Callable[..., None]) -> None:
     ``*ForCausalLM`` goes to the transformers fallback (``--model-impl``). Registering a name
     that another plugin already registered is an error naming both plugins.
     """
+
+
+@hookspec
+def host_register_eplb_policies(register: Callable[..., None]) -> None:
+    """Register expert-load rebalancing policies for mixture-of-experts models (``--enable-eplb``).
+
+    Call ``register(name, policy_class)`` where ``policy_class`` (or a lazy
+    ``"package.module:ClassName"`` string) subclasses :class:`host.sdk.EplbPolicy` and is built
+    with no arguments; ``--eplb-config '{"policy": NAME}'`` chooses it. The built-in ``greedy``
+    policy registers through this hook too.
+    """

@@ -24,6 +24,7 @@ from host.sdk.attention import (
     MultipleOf,
 )
 from host.sdk.endpoint import EndpointPlugin
+from host.sdk.eplb_policy import EplbPolicy
 from host.sdk.errors import APIError, error_body, error_response
 from host.sdk.executor import Executor
 from host.sdk.io_processor import IOProcessor
@@ -47,6 +48,7 @@ __all__ = [
     "AttentionRequirements",
     "CommonAttentionMetadata",
     "EndpointPlugin",
+    "EplbPolicy",
     "Executor",
     "ExtractedToolCalls",
     "IOProcessor",

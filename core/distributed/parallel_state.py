@@ -27,6 +27,7 @@ DEFAULT_TIMEOUT = datetime.timedelta(minutes=10)
 
 _TP: GroupCoordinator | None = None
 _PP: GroupCoordinator | None = None
+_EPLB: GroupCoordinator | None = None  # --enable-eplb: the expert ranks again, as a process group of its own
 
 
 def init_distributed(
@@ -42,7 +43,7 @@ def init_distributed(
 
     ``backend`` is the platform's device backend (``gloo`` on CPU, ``nccl`` on CUDA); object
     collectives and barriers always use gloo."""
-    global _TP, _PP
+    global _TP, _PP, _EPLB
     tp, pp = parallel_config.tensor_parallel_size, parallel_config.pipeline_parallel_size
     world = tp * pp
     if world == 1:
@@ -57,6 +58,10 @@ def init_distributed(
     groups = rank_grid(world, tp, pp)
     _TP = GroupCoordinator(groups["tp"], rank, local_rank, backend, "tp", device)
     _PP = GroupCoordinator(groups["pp"], rank, local_rank, backend, "pp", device)
+    if getattr(parallel_config, "enable_eplb", False):
+        # the same ranks as the expert-parallel (here: tensor-parallel) group, but separate process
+        # groups, so that moving weights never interleaves with the forward's collectives (seed §8.1)
+        _EPLB = GroupCoordinator(groups["tp"], rank, local_rank, backend, "eplb", device)
     if backend == "gloo":  # CPU ranks: the same-host shared-memory all-reduce (off with HOST_SHM_ALLREDUCE=0)
         from host.core.distributed.shm_all_reduce import install_shm_all_reduce
 
@@ -79,12 +84,17 @@ def get_pp_group() -> GroupCoordinator:
     return _PP if _PP is not None else GroupCoordinator.single("pp")
 
 
+def get_eplb_group() -> GroupCoordinator:
+    """The load balancer's group (``--enable-eplb``; a one-rank group otherwise)."""
+    return _EPLB if _EPLB is not None else GroupCoordinator.single("eplb")
+
+
 def destroy_distributed() -> None:
     """Tear the groups down (each: fast communicator, device group, CPU group), then the world."""
-    global _TP, _PP
-    for group in (_PP, _TP):
+    global _TP, _PP, _EPLB
+    for group in (_EPLB, _PP, _TP):
         if group is not None:
             group.destroy()
-    _TP = _PP = None
+    _TP = _PP = _EPLB = None
     if dist.is_initialized():
         dist.destroy_process_group()

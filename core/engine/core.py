@@ -59,6 +59,7 @@ class EngineCore:
             kv_connector=self.kv_connector, kv_transfer_config=config.kv_transfer,
             steps_in_flight=pipelined or bool(config.scheduler.async_scheduling), lora_config=config.lora,
             speculative_config=getattr(config, "speculative", None),
+            eplb=bool(getattr(getattr(config, "parallel", None), "enable_eplb", False)),
         )
         # every rank reports its own shard's transfers; a request is done once all have
         self._kv_outputs = KVOutputAggregator(config.parallel.world_size) if self.kv_connector is not None else None

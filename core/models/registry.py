@@ -80,3 +80,18 @@ def resolve_model_class(architectures: list[str]) -> type:
         "and register it from a host.models plugin implementing host_register_models "
         "(register('MyArchForCausalLM', 'my_pkg.model:MyArchForCausalLM'))."
     )
+
+
+def eplb_policy(name: str) -> Any:
+    """A new instance of the load-balancing policy registered as ``name``
+    (``host_register_eplb_policies``); an unknown name is a ``ValueError`` listing the registered ones."""
+    host = get_plugin_host()
+    host.load_groups([MODELS_GROUP])
+    policies = host.registry("eplb_policies")
+    entry = policies.get(name)
+    if entry is None:
+        raise ValueError(
+            f"eplb_config policy={name!r} is not registered; registered: {', '.join(sorted(policies)) or 'none'} "
+            "(a host.models plugin adds one through host_register_eplb_policies)"
+        )
+    return (_import_target(entry) if isinstance(entry, str) else entry)()

@@ -184,6 +184,20 @@ class FusedMoE(nn.Module):
         return out
 
     # -- weights ------------------------------------------------------------------------------
+    def slot_tensors(self) -> list[torch.Tensor]:
+        """The tensors with one row per local slot (``[num_local, ...]``): what moves when EPLB
+        gives a slot another expert. A quantization method's experts move only if the method
+        lists its own (``method.slot_tensors(layer)``)."""
+        if self.method is not None:
+            tensors = getattr(self.method, "slot_tensors", None)
+            if tensors is None:
+                raise ValueError(
+                    f"{self.layer_name}: the {type(self.method).__name__} experts cannot be moved between slots, so "
+                    "--enable-eplb cannot rebalance them; turn EPLB off for this quantization"
+                )
+            return tensors(self)
+        return [t.data for t in (self.w13, self.w2, self.w13_bias, self.w2_bias) if t is not None]
+
     def local_slots_of(self, logical: int) -> list[int]:
         """The local slots serving logical expert ``logical`` (none when it lives elsewhere)."""
         p2l = self.physical_to_logical[self.local_start : self.local_start + self.num_local].tolist()
@@ -251,3 +265,4 @@ class FusedMoE(nn.Module):
         """Hand the loaded weights to the method (repacking); the float path needs nothing."""
         if self.method is not None:
             self.method.process_weights_after_loading(self)
+

@@ -49,6 +49,7 @@ class Scheduler(RequestBook):
         lora_config: Any = None,
         speculative_config: Any = None,
         features: Iterable[SchedulerFeature] | None = None,
+        eplb: bool = False,
     ) -> None:
         check_scheduler_config(scheduler_config, cache_config, kv_cache_manager)
         self.scheduler_config = scheduler_config
@@ -60,7 +61,7 @@ class Scheduler(RequestBook):
         if features is None:
             features = default_features(
                 kv_cache_manager, scheduler_config.max_model_len, kv_connector, kv_transfer_config, steps_in_flight,
-                lora_config, speculative_config,
+                lora_config, speculative_config, eplb,
             )
         RequestBook.__init__(self, kv_cache_manager, scheduler_config.max_model_len, scheduler_config.policy, features)
         self.kv_lookahead = max((f.kv_lookahead for f in self.features), default=0)

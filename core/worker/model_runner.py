@@ -95,6 +95,9 @@ class ModelRunner:
         self._attn_metadata: Any = None  # the last step's (a KV connector's save_kv_layer reads it)
         self.kv_connector: Any = None  # WorkerKVConnector with --kv-transfer-config
         self.lora: Any = None  # WorkerLoRA with --enable-lora
+        parallel = getattr(config, "parallel", None)
+        self.eplb_enabled = bool(getattr(parallel, "enable_eplb", False))
+        self.eplb: Any = None  # EplbState with --enable-eplb, built at the first step
         self.block_size = config.cache.block_size
         if config.compilation.custom_ops is None:  # a config built without EngineArgs
             config.compilation.resolve(config.scheduler.max_num_seqs, platform.can_capture_graphs())
@@ -636,13 +639,32 @@ class ModelRunner:
         the output carries its report."""
         kv = self.kv_connector
         if kv is None:
-            return self._execute(so, non_blocking)
-        kv.before_forward(so)
-        self._attn_metadata = None
-        out = self._execute(so, non_blocking)
-        kv.after_forward(self._attn_metadata)
-        out.kv_connector_output = kv.report()
+            out = self._execute(so, non_blocking)
+        else:
+            kv.before_forward(so)
+            self._attn_metadata = None
+            out = self._execute(so, non_blocking)
+            kv.after_forward(self._attn_metadata)
+            out.kv_connector_output = kv.report()
+        if self.eplb_enabled and so.total_num_scheduled_tokens > 0:
+            self._eplb_step(out)
         return out
+
+    def _eplb_step(self, out: Any) -> None:
+        """--enable-eplb: count this step with the load balancer (built at the first real step, so
+        warm-up and profiling forwards record no load) and report its state with the output."""
+        if self.eplb is None:
+            from host.core.distributed.parallel_state import get_eplb_group
+            from host.core.models.registry import eplb_policy
+            from host.core.moe.eplb.state import EplbState
+
+            for layer in self.model.moe_layers():
+                layer.expert_load.zero_()
+            eplb = self.config.parallel.eplb
+            self.eplb = EplbState(self.model.moe_layers(), eplb, get_eplb_group(), eplb_policy(eplb.policy))
+        self.eplb.step()
+        if isinstance(out, ModelRunnerOutput):
+            out.eplb_stats = self.eplb.stats()
 
     def _execute(self, so: SchedulerOutput, non_blocking: bool) -> "ModelRunnerOutput | StepHandle":
         assert self.model is not None and self.attn_backend is not None and self.input_batch is not None

@@ -31,3 +31,12 @@ ARCHITECTURES = {
 def host_register_models(register: Callable[..., None]) -> None:
     for arch, target in ARCHITECTURES.items():
         register(arch, target)
+
+
+EPLB_POLICIES = {"greedy": "host.core.moe.eplb.greedy:GreedyPolicy"}
+
+
+@hookimpl
+def host_register_eplb_policies(register: Callable[..., None]) -> None:
+    for name, target in EPLB_POLICIES.items():
+        register(name, target)

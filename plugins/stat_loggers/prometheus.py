@@ -157,6 +157,14 @@ class PrometheusStatLogger(StatLogger):
                 Gauge, f"{prefix}:lora_requests_info", "Running stats on lora requests.",
                 labels + ["max_lora", "waiting_lora_adapters", "running_lora_adapters"], registry=self.registry,
             )
+        # --enable-eplb: the load balancer's balancedness and rearrangements (SchedulerStats.eplb_stats)
+        self._eplb: dict[str, Any] = {}
+        if getattr(getattr(ctx.config, "parallel", None), "enable_eplb", False):
+            self._eplb = {
+                "balancedness": gauge("eplb_balancedness", "Mean over max of the per-rank expert load in the last EPLB window."),
+                "rearrangements": counter("eplb_rearrangements", "Expert rearrangements done."),
+                "skipped": counter("eplb_rearrangements_skipped", "Expert rearrangements skipped (gain below min_improvement)."),
+            }
         self._totals: dict[str, int] = {}  # the last totals seen (the engine sends totals, counters take increments)
         self.generation_tokens = counter("generation_tokens", "Number of generation tokens processed.")
         success = _family(
@@ -255,6 +263,12 @@ class PrometheusStatLogger(StatLogger):
                     self._add_total(f"spec:{key}", int(getattr(spec, key)), metric)
                 for pos, total in enumerate(spec.num_accepted_tokens_per_pos):
                     self._add_total(f"spec:pos{pos}", int(total), self._spec_per_pos.labels(*self._values, str(pos)))
+            eplb = getattr(s, "eplb_stats", None)
+            if eplb is not None and self._eplb:
+                if eplb.balancedness is not None:
+                    self._eplb["balancedness"].set(eplb.balancedness)
+                self._add_total("eplb:rearrangements", eplb.rearrangements, self._eplb["rearrangements"])
+                self._add_total("eplb:skipped", eplb.skipped, self._eplb["skipped"])
             lora = getattr(s, "lora_stats", None)
             if lora and self._lora_info is not None:
                 self._lora_info.labels(
