@@ -24,7 +24,9 @@ docs/distributed.md, "Worker processes (mp)").
 socket per worker. Replies are small (only the output rank returns a step's sampled tokens).
 
 Both queues are built by the engine side; their :meth:`handle` objects pickle (into a spawned
-process or a Ray actor) and ``attach()`` there.
+process or a Ray actor) and ``attach()`` there. The writer owns the shared block: :meth:`MessageQueue.close`
+unlinks it from ``/dev/shm`` (a reader only unmaps), and so does dropping the queue without closing
+it (a ``weakref.finalize``), so no engine leaves a block behind until the interpreter exits.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from __future__ import annotations
 import pickle
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from multiprocessing import resource_tracker
 from multiprocessing.shared_memory import SharedMemory
@@ -149,7 +152,7 @@ class MessageQueue:
         self._seq = 0
         self._aborted: str | None = None
         self.stats = {"shm": 0, "overflow": 0}
-        self._closed = False
+        self._close = weakref.finalize(self, _close_writer, self._socket, self._ctx, self._ring, self._shm)
 
     def handle(self) -> BroadcastHandle:
         ring = self._ring
@@ -229,16 +232,19 @@ class MessageQueue:
             sleep = min(0.001, sleep + 0.00005)
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._socket.close(linger=0)
-        self._ctx.term()
-        self._ring.release()
-        try:
-            self._shm.unlink()
-        except FileNotFoundError:
-            pass
+        """Close the socket and unmap and unlink the shared block; idempotent."""
+        self._close()
+
+
+def _close_writer(socket: Any, ctx: Any, ring: _Ring, shm: SharedMemory) -> None:
+    """A :class:`MessageQueue`'s teardown (it references no queue: it is also its finalizer)."""
+    socket.close(linger=0)
+    ctx.term()
+    ring.release()
+    try:
+        shm.unlink()
+    except FileNotFoundError:
+        pass
 
 
 class BroadcastReader:

@@ -42,7 +42,8 @@ it reduces over gloo). Right after the agreement the owner unlinks the name; the
 on in every rank until it closes or exits. So nothing is left in ``/dev/shm`` after start-up, even
 when a rank is killed with SIGKILL later. Only a SIGKILL of the owner inside the few milliseconds
 between creating and agreeing leaves the file behind; the next owner on the machine removes
-segments of dead owners (the pid is in the name) before creating its own.
+segments of dead owners (the pid is in the name) before creating its own. An agreement that fails
+(a peer died during it) unlinks and unmaps the segment before the error goes on.
 """
 
 from __future__ import annotations
@@ -215,16 +216,20 @@ class ShmAllReduce:
                 offer = (name, max_bytes)
             except OSError as e:
                 reason = f"cannot create a {self._size(max_bytes)}-byte segment in {shm_dir}: {e}"
-        offer = self.group.broadcast_object(offer, src=0)
-        if self.rank_in_group != 0 and not reason:
-            if offer is None:
-                reason = "group ordinal 0 could not create the segment"
-            else:
-                try:
-                    self._map(os.path.join(shm_dir, offer[0]), offer[1], create=False)
-                except OSError as e:
-                    reason = f"cannot map {offer[0]} from {shm_dir}: {e}"
-        verdicts = self.group.all_gather_object(reason)
+        try:
+            offer = self.group.broadcast_object(offer, src=0)
+            if self.rank_in_group != 0 and not reason:
+                if offer is None:
+                    reason = "group ordinal 0 could not create the segment"
+                else:
+                    try:
+                        self._map(os.path.join(shm_dir, offer[0]), offer[1], create=False)
+                    except OSError as e:
+                        reason = f"cannot map {offer[0]} from {shm_dir}: {e}"
+            verdicts = self.group.all_gather_object(reason)
+        except BaseException:
+            self._release()  # a peer failed the agreement (died, timed out): leave no named segment behind
+            raise
         if self._segment is not None:
             self._segment.unlink()  # every rank has mapped it (or given up): the name is no longer needed
         failed = [(i, r) for i, r in enumerate(verdicts) if r]

@@ -80,6 +80,7 @@ class InprocClient:
 
         self.engine = EngineCore(config)
         self.engine_info = self.engine.utility_describe()
+        self._closed = False
 
     def add_request(self, request: EngineCoreRequest) -> None:
         self.engine.add_request(request)
@@ -97,6 +98,10 @@ class InprocClient:
         return getattr(self.engine, f"utility_{method}")(*args)
 
     def shutdown(self) -> None:
+        """Shut the engine core down (its executor frees its workers); idempotent."""
+        if self._closed:
+            return
+        self._closed = True
         self.engine.shutdown()
 
 

@@ -47,7 +47,11 @@ class EngineCore:
         # port) in config.kv_transfer that the workers' role then reads
         self.kv_connector = make_kv_connector(config, KVConnectorRole.SCHEDULER)
         self.executor = self._make_executor()
-        self.kv_cache_config = self._initialize_kv_cache()
+        try:
+            self.kv_cache_config = self._initialize_kv_cache()
+        except BaseException:
+            self.executor.shutdown()  # a failed start leaves no worker behind
+            raise
         self.kv_cache_manager = make_kv_cache_manager(
             self.kv_cache_config,
             enable_caching=config.cache.enable_prefix_caching,
@@ -296,6 +300,10 @@ class EngineCore:
         return self.scheduler.make_stats()
 
     def shutdown(self) -> None:
+        """Stop the executor (its workers) and the engine's helpers; idempotent."""
+        if getattr(self, "_shut_down", False):
+            return
+        self._shut_down = True
         if self._structured_output_manager is not None:
             self._structured_output_manager.shutdown()
         self.executor.shutdown()

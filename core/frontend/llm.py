@@ -11,12 +11,21 @@ strings and detokenizes. By default the engine core runs in this process
 process like ``host serve`` does (:class:`~host.core.engine.client.SyncMPClient`);
 ``data_parallel_size=N`` runs N engine processes, requests balanced between them
 (:class:`~host.core.engine.dp_client.DPSyncMPClient`).
+
+Giving back: :meth:`LLM.shutdown` stops the engine core and its workers and frees what they hold
+(worker processes or Ray actors and their placement group, shared memory); so does deleting the
+last reference to the LLM (a ``weakref.finalize``, not ``__del__``), and so does the interpreter's
+exit. Either way it happens once; a later ``shutdown()`` does nothing. A second engine made after
+``del llm`` gets the devices, CPUs or Ray bundles of the first at once. The engine core freezes the
+objects alive at start-up out of the cycle collector (``freeze_startup_objects``), so an LLM is
+freed by its reference count alone: keep it free of reference cycles.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import weakref
 from typing import Any, Iterator, Sequence
 
 import msgspec
@@ -75,6 +84,8 @@ class LLM:
         finally:
             if early is not None:
                 early.cancel()
+        # deleting the LLM shuts its engine down (the callback holds the client, never the LLM)
+        self._finalizer = weakref.finalize(self, self.engine_core.shutdown)
         self._ids = itertools.count()
         self.last_finish_order: list[str] = []
 
@@ -242,7 +253,10 @@ class LLM:
         return stats if isinstance(stats, SchedulerStats) else msgspec.convert(stats, SchedulerStats)
 
     def shutdown(self) -> None:
-        self.engine_core.shutdown()
+        """Stop the engine core and its workers, and free everything they hold (processes, Ray
+        actors and placement group, shared memory) before returning. Idempotent; deleting the LLM
+        does the same."""
+        self._finalizer()
 
 
 def _per_prompt_loras(lora_request: Any, n: int) -> list[Any]:

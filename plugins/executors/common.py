@@ -15,8 +15,18 @@ executor's calls on them:
   waiting and later call, and :meth:`check_health`, raise ``RuntimeError(reason)`` at once instead
   of hanging, and ``failure_callback(reason)`` runs if the engine set one.
 
-A subclass starts the workers in :meth:`_start_workers` (given the two handles to pass them) and
-stops them in :meth:`_stop_workers`; the Ray executor is one, and the ``mp`` executor may be.
+A subclass starts the workers in :meth:`_start_workers` (given the two handles to pass them),
+waits for them to leave after the shutdown message in :meth:`_stop_workers`, and names in
+:meth:`_releaser` how to force whatever is left to go; the Ray executor is one, and so is the
+``mp`` executor.
+
+Giving back: :meth:`shutdown` sends the shutdown message, waits a little for the workers to leave,
+then releases everything at once: the workers still there are stopped (processes killed, Ray
+actors killed and their placement group removed), and the broadcast's shared memory is unlinked
+and both queues closed. The same release is a ``weakref.finalize`` of the executor, so an executor
+dropped without :meth:`shutdown` (its engine deleted and collected) gives everything back too; no
+thread of the executor holds it strongly (its monitors keep a weak reference), so dropping it is
+enough. Both are idempotent and never wait on a worker that died.
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ import logging
 import socket
 import threading
 import time
+import weakref
 from typing import Any, Callable
 
 from host.sdk import Executor
@@ -96,6 +107,8 @@ class BroadcastExecutor(Executor):
             parallel.distributed_init_method = f"tcp://127.0.0.1:{free_port()}"
         self.broadcast = MessageQueue(self.world_size, reader_names=[f"worker rank {r}" for r in range(self.world_size)])
         self.responses = ResponseQueue()
+        # the release references no executor: it runs when the executor is collected, or from shutdown
+        self._release = weakref.finalize(self, _release, self._releaser(), self.broadcast, self.responses)
         try:
             self._start_workers(self.broadcast.handle(), self.responses.handle())
             self.worker_info = self._gather(READY, list(range(self.world_size)), "start-up", self.ready_timeout_s)
@@ -110,8 +123,16 @@ class BroadcastExecutor(Executor):
         broadcast, responses)``; return without waiting for them to be ready."""
         raise NotImplementedError
 
+    def _releaser(self) -> Callable[[], None]:
+        """A callable that stops every worker still running, at once (no message, no grace) and
+        frees what they hold outside this process. It must not reference the executor (it runs
+        from the executor's finalizer), and must see the workers that :meth:`_start_workers`
+        starts later (hold them in a container made here). Safe to call twice."""
+        raise NotImplementedError
+
     def _stop_workers(self) -> None:
-        """Make sure no worker is left (after they were asked to stop); safe to call twice."""
+        """After the shutdown message (when it went out): give the workers a moment to leave by
+        themselves, and stop the subclass's monitor; whatever is left, :meth:`_releaser` stops."""
 
     def fail(self, reason: str) -> None:
         """Mark the executor failed (a worker died): every waiting and later call raises
@@ -198,9 +219,13 @@ class BroadcastExecutor(Executor):
             raise RuntimeError(self.failure)
 
     def shutdown(self) -> None:
+        """Stop the workers and free everything the executor holds (see the module docstring);
+        idempotent, and bounded when a worker is dead or stuck."""
         if self._closed:
             return
         self._closed = True
+        if not self._release.alive:  # released already (the finalizer ran at interpreter exit)
+            return
         if self.failure is None and self.worker_info:  # every worker is up and reading
             try:
                 with self._send_lock:
@@ -210,5 +235,16 @@ class BroadcastExecutor(Executor):
         try:
             self._stop_workers()
         finally:
-            self.broadcast.close()
-            self.responses.close()
+            self._release()
+
+
+def _release(stop_workers: Callable[[], None], broadcast: MessageQueue, responses: ResponseQueue) -> None:
+    """An executor's final release: its workers stopped, its queues closed (the broadcast's shared
+    memory unlinked), even when stopping the workers fails."""
+    try:
+        stop_workers()
+    except Exception:  # noqa: BLE001 - the queues are closed anyway; a finalizer must not raise
+        logger.exception("stopping the workers failed")
+    finally:
+        broadcast.close()
+        responses.close()

@@ -20,12 +20,16 @@ shutdown) the executor is marked failed within a moment: a waiting or later call
 stopped, and :meth:`check_health` raises, which the engine-core process turns into an error for
 every request and its own exit (``/health`` then answers 503).
 
-Shutdown: a shutdown message (workers leave their loop and tear down their process groups), then
-SIGTERM, then SIGKILL for whatever is still alive; the queues close last.
+Shutdown: a shutdown message (workers leave their loop and tear down their process groups), up to
+``STOP_GRACE_S`` for them to exit, then SIGTERM, then SIGKILL for whatever is still alive; the
+queues close last (the broadcast's shared memory unlinked). The same stop runs when the executor
+is collected without :meth:`shutdown` (the engine was deleted): see
+:mod:`host.plugins.executors.common`.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -34,6 +38,7 @@ import signal
 import sys
 import threading
 import time
+import weakref
 from typing import Any, Callable
 
 from host.plugins.executors.common import BroadcastExecutor
@@ -63,28 +68,28 @@ class MultiprocExecutor(BroadcastExecutor):
 
     name = "mp"
 
+    def _releaser(self) -> Callable[[], None]:
+        self.workers: list[multiprocessing.Process] = []  # filled by _start_workers
+        return functools.partial(_stop_processes, self.workers)
+
     def _start_workers(self, broadcast: Any, responses: Any) -> None:
-        self.workers: list[multiprocessing.Process] = []
         for rank in range(self.world_size):
             self.workers.append(spawn_process(
                 "worker", _worker_main, self.config, rank, rank, broadcast, responses, name=f"host-worker-{rank}",
             ))
         self._stop_monitor_r, self._stop_monitor_w = multiprocessing.Pipe(duplex=False)
-        self._monitor = threading.Thread(target=self._watch_workers, name="host-mp-monitor", daemon=True)
+        sentinels = {proc.sentinel: rank for rank, proc in enumerate(self.workers)}
+        self._monitor = threading.Thread(
+            target=_watch_workers, args=(weakref.ref(self), sentinels, self._stop_monitor_r), name="host-mp-monitor", daemon=True,
+        )
         self._monitor.start()
         logger.info(
             "mp executor: %d worker processes (pids %s), output rank %d, %s", self.world_size,
             ", ".join(str(p.pid) for p in self.workers), self.output_rank, self.config.parallel.distributed_init_method,
         )
 
-    def _watch_workers(self) -> None:
-        """The death monitor: the first worker to exit outside shutdown fails the executor (a
-        worker that exits during start-up fails the start the same way)."""
-        sentinels = {proc.sentinel: rank for rank, proc in enumerate(self.workers)}
-        ready = multiprocessing.connection.wait([*sentinels, self._stop_monitor_r])
-        if self._stop_monitor_r in ready or self._closed:
-            return
-        rank = next(sentinels[s] for s in ready if s in sentinels)
+    def _worker_exited(self, rank: int) -> None:
+        """From the death monitor: worker ``rank`` exited outside shutdown."""
         proc = self.workers[rank]
         proc.join(1)
         error = self._start_up_error(rank) if not self.worker_info else None
@@ -116,30 +121,64 @@ class MultiprocExecutor(BroadcastExecutor):
 
     def _terminate(self, grace: float) -> None:
         """Wait ``grace`` seconds for the workers to exit, then SIGTERM, then SIGKILL."""
-        deadline = time.monotonic() + grace
-        for proc in self.workers:
-            proc.join(max(0.0, deadline - time.monotonic()))
-        for proc in self.workers:
-            if proc.is_alive():
-                proc.terminate()
-        deadline = time.monotonic() + 2.0
-        for proc in self.workers:
-            proc.join(max(0.0, deadline - time.monotonic()))
-        for proc in self.workers:
-            if proc.is_alive():
-                proc.kill()
-                proc.join(2.0)
+        _terminate(self.workers, grace)
 
     def _stop_workers(self) -> None:
         monitor = getattr(self, "_monitor", None)
         if monitor is not None and monitor.is_alive():
             self._stop_monitor_w.send(b"")
-            monitor.join(5)
-        workers = getattr(self, "workers", [])
+            if monitor is not threading.current_thread():
+                monitor.join(5)
         graceful = self.failure is None and bool(self.worker_info)  # they got the shutdown message
-        self._terminate(grace=STOP_GRACE_S if graceful else 0.0)
-        for proc in workers:
-            proc._host_death_pipe.close()  # type: ignore[attr-defined]
+        if graceful:
+            deadline = time.monotonic() + STOP_GRACE_S
+            for proc in self.workers:
+                proc.join(max(0.0, deadline - time.monotonic()))
+        for conn in (getattr(self, "_stop_monitor_r", None), getattr(self, "_stop_monitor_w", None)):
+            if conn is not None:
+                conn.close()
+
+
+def _watch_workers(executor_ref: "weakref.ref[MultiprocExecutor]", sentinels: dict[int, int], stop: Any) -> None:
+    """The death monitor: the first worker to exit outside shutdown fails the executor (a worker
+    that exits during start-up fails the start the same way). It holds the executor weakly, so an
+    executor nobody else holds is collected (and its finalizer stops the workers, which ends this)."""
+    try:
+        ready = multiprocessing.connection.wait([*sentinels, stop])
+    except OSError:  # the stop pipe was closed under us: the executor is shutting down
+        return
+    executor = executor_ref()
+    if executor is None or stop in ready or executor._closed:
+        return
+    executor._worker_exited(next(sentinels[s] for s in ready if s in sentinels))
+
+
+def _terminate(workers: list[multiprocessing.Process], grace: float) -> None:
+    """Wait ``grace`` seconds for ``workers`` to exit, then SIGTERM, then SIGKILL (bounded: a few
+    seconds at most past ``grace``)."""
+    deadline = time.monotonic() + grace
+    for proc in workers:
+        proc.join(max(0.0, deadline - time.monotonic()))
+    for proc in workers:
+        if proc.is_alive():
+            proc.terminate()
+    deadline = time.monotonic() + 2.0
+    for proc in workers:
+        proc.join(max(0.0, deadline - time.monotonic()))
+    for proc in workers:
+        if proc.is_alive():
+            proc.kill()
+            proc.join(2.0)
+
+
+def _stop_processes(workers: list[multiprocessing.Process]) -> None:
+    """The mp executor's release: every worker process still alive is stopped now, and its death
+    pipe closed (a worker also exits by itself when that pipe closes). Idempotent."""
+    _terminate(workers, grace=0.0)
+    for proc in workers:
+        pipe = getattr(proc, "_host_death_pipe", None)
+        if pipe is not None and not pipe.closed:
+            pipe.close()
 
 
 @hookimpl

@@ -33,6 +33,12 @@ Failure: a monitor thread waits on the actors' long calls; one that ends while t
 running (the actor was killed, its process died, the loop raised) fails the executor within a
 fraction of a second — every waiting and later call raises a ``RuntimeError`` naming the rank,
 its pid and Ray's reason — and the other actors are killed, so nothing is left behind.
+
+Shutdown (:meth:`RayExecutor.shutdown`, or the executor collected without it: its engine deleted):
+the worker loops get the shutdown message and return, then every actor is killed, the placement
+group removed — and waited for until the cluster reports it ``REMOVED`` (at most a few seconds), so
+a next engine in the same process gets its bundles at once — and a local cluster this executor
+started is stopped. :class:`RayHold` is what it gives back.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from typing import Any, Callable
 
 from host.plugins.executors.common import BroadcastExecutor
@@ -54,6 +61,8 @@ ENV_PG_TIMEOUT = "HOST_RAY_PG_TIMEOUT"
 DEFAULT_PG_TIMEOUT_S = 60.0
 HEALTH_TIMEOUT_S = 10.0
 HEALTH_INTERVAL_S = 5.0
+STOP_GRACE_S = 5.0  # after the shutdown message, for the worker loops to return
+RELEASE_WAIT_S = 5.0  # for the cluster to report the placement group removed
 INSTALL_HINT = "pip install host[ray]"
 
 
@@ -247,6 +256,55 @@ class RayWorker:
         run_worker(config, rank, local_rank, broadcast, responses)
 
 
+class RayHold:
+    """What one Ray executor holds in the cluster: its actors, its placement group, and the local
+    cluster when it started one. :meth:`release` gives all of it back; it references no executor,
+    so it runs from the executor's finalizer as well as from :meth:`RayExecutor.shutdown`."""
+
+    def __init__(self, ray: Any) -> None:
+        self.ray = ray
+        self.actors: list[Any] = []
+        self.pg: Any = None
+        self.owns_ray = False
+
+    def kill_actors(self) -> None:
+        """Kill every actor (at once: Ray ends its process, running call or not)."""
+        for actor in self.actors:
+            try:
+                self.ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone, or the cluster is
+                pass
+
+    def release(self, wait_s: float = RELEASE_WAIT_S) -> None:
+        """Kill the actors, remove the placement group and wait (at most ``wait_s``) until the
+        cluster reports it removed, so its resources are free for the next engine when this
+        returns; then stop the local cluster if this executor started it. Idempotent; a cluster
+        that is already gone (``ray.shutdown()`` ran first) is no error."""
+        ray = self.ray
+        if not ray.is_initialized():
+            if self.owns_ray:
+                _stop_reaper()
+            self.actors, self.pg, self.owns_ray = [], None, False
+            return
+        self.kill_actors()
+        self.actors = []
+        pg, self.pg = self.pg, None
+        if pg is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            try:
+                remove_placement_group(pg)
+                deadline = time.monotonic() + wait_s
+                while ray.util.placement_group_table(pg).get("state") != "REMOVED" and time.monotonic() < deadline:
+                    time.sleep(0.02)
+            except Exception:  # noqa: BLE001 - the cluster may be going away
+                pass
+        if self.owns_ray:
+            self.owns_ray = False
+            ray.shutdown()
+            _stop_reaper()
+
+
 class RayExecutor(BroadcastExecutor):
     """Ray actors as the engine's workers (see the module docstring)."""
 
@@ -254,7 +312,16 @@ class RayExecutor(BroadcastExecutor):
 
     def _init_executor(self) -> None:
         self._ray = import_ray()  # before any queue or process exists
+        self._stopping = False
         super()._init_executor()
+
+    def _releaser(self) -> Callable[[], None]:
+        self.hold = RayHold(self._ray)  # filled by _start_workers
+        return self.hold.release
+
+    @property
+    def actors(self) -> list[Any]:
+        return self.hold.actors
 
     def _start_workers(self, broadcast: Any, responses: Any) -> None:
         from host.sdk.runtime import current_platform, get_plugin_host
@@ -265,31 +332,28 @@ class RayExecutor(BroadcastExecutor):
 
         start = time.monotonic()
         platform = current_platform()
-        self.actors: list[Any] = []
+        hold = self.hold
         self.pids: list[int] = []
         self._run_refs: list[Any] = []
-        self._pg = None
-        self._stopping = False
         self._last_ping = 0.0
-        self._owns_ray = False
-        self._owns_ray = connect(ray, max(os.cpu_count() or 1, self.world_size) if platform.device_type == "cpu" else None)
+        hold.owns_ray = connect(ray, max(os.cpu_count() or 1, self.world_size) if platform.device_type == "cpu" else None)
         node_id, driver_ip = driver_node(ray)
         bundles = bundles_for(self.world_size, platform, driver_ip)
-        self._pg = placement_group(bundles, strategy="PACK")
+        hold.pg = placement_group(bundles, strategy="PACK")
         timeout = float(os.environ.get(ENV_PG_TIMEOUT, DEFAULT_PG_TIMEOUT_S))
-        wait_for_placement_group(ray, self._pg, bundles, driver_ip, timeout)
+        wait_for_placement_group(ray, hold.pg, bundles, driver_ip, timeout)
         logger.info("Ray placement group of %d bundles ready (%.1f s)", len(bundles), time.monotonic() - start)
 
         env = worker_env(get_plugin_host().settings.to_env(), platform)
         gpus = 0 if platform.device_type == "cpu" else 1
         actor_cls = ray.remote(RayWorker)
         for rank in range(self.world_size):
-            strategy = PlacementGroupSchedulingStrategy(placement_group=self._pg, placement_group_bundle_index=rank)
-            self.actors.append(actor_cls.options(
+            strategy = PlacementGroupSchedulingStrategy(placement_group=hold.pg, placement_group_bundle_index=rank)
+            hold.actors.append(actor_cls.options(
                 num_cpus=1, num_gpus=gpus, max_concurrency=2, max_restarts=0, scheduling_strategy=strategy,
             ).remote(env))
         try:
-            where = ray.get([a.where.remote() for a in self.actors], timeout=self.ready_timeout_s)
+            where = ray.get([a.where.remote() for a in hold.actors], timeout=self.ready_timeout_s)
         except Exception as exc:  # noqa: BLE001 - an actor's __init__ (the plugin bootstrap) failed, or timed out
             raise RuntimeError(
                 f"a Ray worker actor did not start (its plugin bootstrap for the worker role failed, or it got no "
@@ -307,33 +371,28 @@ class RayExecutor(BroadcastExecutor):
         # every rank on this node: the CPU ranks are local ranks 0..W-1; on an accelerator Ray makes
         # only the actor's own device visible to it, so its local device is 0
         local_ranks = list(range(self.world_size)) if gpus == 0 else [0] * self.world_size
-        for rank, actor in enumerate(self.actors):
+        for rank, actor in enumerate(hold.actors):
             self._run_refs.append(actor.run.remote(self.config, rank, local_ranks[rank], broadcast, responses))
-        self._monitor = threading.Thread(target=self._watch, name="host-ray-monitor", daemon=True)
+        self._monitor = threading.Thread(
+            target=_watch_actors, args=(weakref.ref(self), ray, list(self._run_refs)), name="host-ray-monitor", daemon=True,
+        )
         self._monitor.start()
 
-    def _watch(self) -> None:
-        """Fail the executor when an actor's worker loop ends while it should be running."""
-        ray = self._ray
-        refs = list(self._run_refs)
-        while refs and not self._stopping:
-            done, refs = ray.wait(refs, num_returns=1, timeout=0.5)
-            if not done or self._stopping:
-                continue
-            rank = self._run_refs.index(done[0])
-            try:
-                ray.get(done[0])
-                why = "its worker loop returned before the engine asked it to stop"
-            except Exception as exc:  # noqa: BLE001 - Ray's reason goes into the message
-                why = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}"
-            if self._stopping:
-                return
-            self.fail(
-                f"Ray actor of worker rank {rank} (pid {self.pids[rank]}) died: {why}; the engine stops its other "
-                "workers and fails its requests (restart it; the actor's log is in the Ray session's logs)"
-            )
-            self._kill_actors()
+    def _actor_ended(self, ref: Any) -> None:
+        """From the monitor: the worker loop of ``ref``'s actor ended while it should be running."""
+        rank = self._run_refs.index(ref)
+        try:
+            self._ray.get(ref)
+            why = "its worker loop returned before the engine asked it to stop"
+        except Exception as exc:  # noqa: BLE001 - Ray's reason goes into the message
+            why = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}"
+        if self._stopping:
             return
+        self.fail(
+            f"Ray actor of worker rank {rank} (pid {self.pids[rank]}) died: {why}; the engine stops its other "
+            "workers and fails its requests (restart it; the actor's log is in the Ray session's logs)"
+        )
+        self.hold.kill_actors()
 
     def check_health(self) -> None:
         """Raise if the executor failed; every ``HEALTH_INTERVAL_S`` (the engine calls this every
@@ -347,15 +406,8 @@ class RayExecutor(BroadcastExecutor):
             self._ray.get([a.ping.remote() for a in self.actors], timeout=HEALTH_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001 - any failure of a ping is an unhealthy worker
             self.fail(f"a Ray worker actor did not answer a ping within {HEALTH_TIMEOUT_S:.0f} s: {type(exc).__name__}: {exc}")
-            self._kill_actors()
+            self.hold.kill_actors()
             super().check_health()
-
-    def _kill_actors(self) -> None:
-        for actor in getattr(self, "actors", []):
-            try:
-                self._ray.kill(actor, no_restart=True)
-            except Exception:  # noqa: BLE001 - already gone
-                pass
 
     def shutdown(self) -> None:
         self._stopping = True  # before the loops see the shutdown message: their ends are no death
@@ -363,27 +415,37 @@ class RayExecutor(BroadcastExecutor):
 
     def _stop_workers(self) -> None:
         self._stopping = True
-        ray = getattr(self, "_ray", None)
-        if ray is None:
-            return
-        if self._run_refs and self.failure is None:
-            ray.wait(self._run_refs, num_returns=len(self._run_refs), timeout=5.0)  # the loops saw SHUTDOWN
-        self._kill_actors()
-        if self._pg is not None:
-            from ray.util.placement_group import remove_placement_group
-
+        run_refs = getattr(self, "_run_refs", [])
+        if run_refs and self.failure is None and self.worker_info:  # the loops got the shutdown message
             try:
-                remove_placement_group(self._pg)
-            except Exception:  # noqa: BLE001 - the cluster may be gone already
+                self._ray.wait(run_refs, num_returns=len(run_refs), timeout=STOP_GRACE_S)
+            except Exception:  # noqa: BLE001 - the cluster is gone: nothing to wait for
                 pass
-            self._pg = None
         monitor = getattr(self, "_monitor", None)
         if monitor is not None and monitor is not threading.current_thread():
             monitor.join(timeout=2.0)
-        if self._owns_ray:
-            self._owns_ray = False
-            ray.shutdown()
-            _stop_reaper()
+
+
+def _watch_actors(executor_ref: "weakref.ref[RayExecutor]", ray: Any, refs: list[Any]) -> None:
+    """Fail the executor when an actor's worker loop ends while it should be running. Holds the
+    executor weakly between polls, so an executor nobody else holds is collected (its finalizer
+    kills the actors, which ends this)."""
+    while refs:
+        executor = executor_ref()
+        if executor is None or executor._stopping:
+            return
+        del executor
+        try:
+            done, refs = ray.wait(refs, num_returns=1, timeout=0.5)
+        except Exception:  # noqa: BLE001 - the cluster went away (ray.shutdown)
+            return
+        if not done:
+            continue
+        executor = executor_ref()
+        if executor is None or executor._stopping:
+            return
+        executor._actor_ended(done[0])
+        return
 
 
 @hookimpl
