@@ -95,3 +95,15 @@ def test_split_through_a_block_is_refused() -> None:
     experts = _experts(seed=5)
     with pytest.raises(ValueError, match="cut through a block"):
         _layer(experts, False, 0, 4)  # 16 of 64 columns: half a Q8_0 block
+
+
+def test_the_op_passes_opcheck() -> None:
+    """``host_quant::gguf_fused_experts``: schema, fake implementation and dispatch agree."""
+    from host.plugins.quantization.gguf_moe import gguf_fused_experts
+
+    layer = _layer(_experts(seed=6, up_type=Q4_0), True)
+    x = torch.randn(4, H)
+    weights, ids = _routing(4)
+    args = (x, layer.gguf_w13, layer.gguf_w13_qtype, layer.gguf_w3, layer.gguf_w3_qtype, layer.gguf_w2,
+            layer.gguf_w2_qtype, weights, ids, "silu", layer.w13_bias, layer.w2_bias, 1.702, 7.0, False)
+    torch.library.opcheck(gguf_fused_experts, args)
