@@ -1,5 +1,6 @@
 """Quantization method base classes: a method resolves per layer to a linear (and embedding) method
-that owns that layer's weights and computes with them.
+that owns that layer's weights and computes with them; a method may also own the routed experts
+of mixture-of-experts layers (:class:`MoEMethod`, ``get_moe_method``).
 
 The engine process resolves one method per layer into a plan (``--quantization``, the
 checkpoint's ``quantization_config``, a GGUF file's tensor types, ``ignore`` and ``targets``);
@@ -52,6 +53,35 @@ class EmbeddingMethod(LinearMethod):
     when embeddings are tied: ``embed`` looks rows up, ``apply`` is the output projection."""
 
     def embed(self, layer: Any, ids: "torch.Tensor", dtype: "torch.dtype") -> "torch.Tensor":
+        raise NotImplementedError
+
+
+class MoEMethod:
+    """Owns the routed experts of one mixture-of-experts layer (:class:`host.core.moe.layer.FusedMoE`)
+    instead of the layer's float ``w13``/``w2``: creates the expert weights, loads each expert's
+    checkpoint tensors, and computes the experts' weighted sum.
+
+    ``load_expert`` receives one logical expert's FULL checkpoint tensor for ``part`` (``gate`` /
+    ``up`` ``[I, H]``, ``down`` ``[H, I]``; a float ``torch.Tensor`` or, from a GGUF source, a
+    :class:`host.sdk.models.GGUFTensor` still in its blocks) for local slot ``slot``; the method keeps
+    this rank's split (``layer.split``/``layer.split_rank``: the intermediate dimension is cut in
+    ``layer.split`` parts of ``layer.intermediate_size``). Expert biases stay the layer's float
+    ``w13_bias``/``w2_bias``. ``apply`` gets the routing ``weights`` (float32 ``[T, k]``) and
+    ``local_ids`` (int32 ``[T, k]``, ``-1``: the expert lives on another rank)."""
+
+    def create_weights(self, layer: Any, num_local: int, hidden: int, inter: int, dtype: "torch.dtype") -> None:
+        """Allocate (or prepare to receive) ``num_local`` experts of ``[2 * inter, hidden]`` and ``[hidden, inter]``."""
+        raise NotImplementedError
+
+    def load_expert(self, layer: Any, slot: int, part: str, tensor: Any) -> None:
+        """Fill local slot ``slot``'s ``part`` (``gate``, ``up`` or ``down``) from a full checkpoint tensor."""
+        raise NotImplementedError
+
+    def process_weights_after_loading(self, layer: Any) -> None:
+        """Repack once every expert is in; default: nothing."""
+
+    def apply(self, layer: Any, x: "torch.Tensor", weights: "torch.Tensor", local_ids: "torch.Tensor") -> "torch.Tensor":
+        """``sum_j weights[t, j] * expert_{local_ids[t, j]}(x[t])`` for ``x [T, H]`` -> ``[T, H]`` (this rank's part)."""
         raise NotImplementedError
 
 
@@ -112,6 +142,12 @@ class QuantizationMethod:
 
     def get_embedding_method(self, layer_name: str) -> EmbeddingMethod | None:
         """The method for an embedding layer; default: not quantized."""
+        return None
+
+    def get_moe_method(self, layer_name: str) -> MoEMethod | None:
+        """The method owning the routed experts of MoE layer ``layer_name``
+        (``model.layers.3.mlp.experts``); default ``None``: the experts stay float (a GGUF
+        source's expert blocks are dequantized as they load)."""
         return None
 
     def describe(self) -> dict[str, Any]:

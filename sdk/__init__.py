@@ -10,8 +10,9 @@ that this package does not import itself (the core imports ``host.sdk``, and the
 the core): :mod:`host.sdk.models` (``DecoderModel``, ``set_layer_kernels``),
 :mod:`host.sdk.forward_context` (``get_forward_context``), :mod:`host.sdk.sampling_params`
 (``SamplingParams``, ``StructuredOutputsParams``), :mod:`host.sdk.runtime`
-(``current_platform``, ``get_plugin_host``, ``resolve_qualname``) and :mod:`host.sdk.distributed`
-(what an executor plugin builds on: the step broadcast queues, ``run_worker``, ``spawn_process``).
+(``current_platform``, ``get_plugin_host``, ``resolve_qualname``), :mod:`host.sdk.moe` (the fused
+experts op and its reference, the router) and :mod:`host.sdk.distributed` (what an executor plugin
+builds on: the step broadcast queues, ``run_worker``, ``spawn_process``).
 """
 
 from host.hooks.markers import hookimpl

@@ -10,7 +10,20 @@ same models as a Hugging Face checkpoint. Supported GGUF architectures: llama (a
 with ``llama.attention.sliding_window`` is a Mistral), qwen2, qwen3, phi3 (fused ``attn_qkv``
 and gate+up ``ffn_up`` tensors; LongRoPE factors stored as the ``rope_factors_long`` /
 ``rope_factors_short`` tensors become ``rope_scaling``; ``rope.dimension_count`` below the head
-size is a partial rotary factor), gemma2 and gemma3 (text).
+size is a partial rotary factor), gemma2 and gemma3 (text), and the mixture-of-experts
+architectures qwen2moe, qwen3moe, olmoe and llama with ``llama.expert_count`` > 0 (a Mixtral).
+
+Mixture of experts: llama.cpp stacks each layer's experts into one 3-D tensor per projection
+(``blk.N.ffn_gate_exps`` / ``ffn_up_exps`` ``[E, I, H]``, ``ffn_down_exps`` ``[E, H, I]`` as numpy
+arrays; quantized, each expert's rows are block rows), which are given back one expert at a time
+under the Hugging Face per-expert names (``model.layers.N.mlp.experts.<e>.gate_proj.weight``), as
+float or as :class:`GGUFTensor` rows. The router is ``ffn_gate_inp`` (``mlp.gate``), Qwen2-MoE's
+shared expert ``ffn_{gate,up,down}_shexp`` with its gate ``ffn_gate_inp_shexp``. The metadata
+gives ``expert_count``, ``expert_used_count``, ``expert_feed_forward_length`` and
+``expert_shared_feed_forward_length``; what llama.cpp hard-codes per architecture becomes config:
+whether the top-k weights are renormalised (qwen3moe and Mixtral yes, qwen2moe and olmoe no,
+unless ``expert_weights_norm`` says), every layer sparse except those the file stores with a
+dense ``ffn_gate`` (``mlp_only_layers``), OLMoE's ``attention.clamp_kqv`` as ``clip_qkv``.
 
 Gemma: llama.cpp's converter stores each RMSNorm weight as ``1 + w`` (its norm multiplies by the
 weight), so the norms are given back as ``w`` (stored - 1, in float32), the Hugging Face
@@ -43,9 +56,16 @@ GGUF_ARCHITECTURES = {
     "phi3": ("phi3", "Phi3ForCausalLM"),
     "gemma2": ("gemma2", "Gemma2ForCausalLM"),
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM"),
+    "qwen2moe": ("qwen2_moe", "Qwen2MoeForCausalLM"),
+    "qwen3moe": ("qwen3_moe", "Qwen3MoeForCausalLM"),
+    "olmoe": ("olmoe", "OlmoeForCausalLM"),
 }
 # a llama file naming a sliding window is a Mistral (llama.cpp writes Mistral as arch "llama")
 _MISTRAL = ("mistral", "MistralForCausalLM")
+# a llama file with experts is a Mixtral (llama.cpp converts Mixtral as arch "llama")
+_MIXTRAL = ("mixtral", "MixtralForCausalLM")
+# whether llama.cpp renormalises the chosen experts' weights (build_moe_ffn's norm_w), per architecture
+_MOE_NORM_TOPK = {"qwen2moe": False, "qwen3moe": True, "olmoe": False, "llama": True}
 _GEMMA = ("gemma2", "gemma3")
 _GEMMA_27B_BLOCKS = {"gemma2": 46, "gemma3": 62}  # llama.cpp's test for its 27B attention scale
 
@@ -74,6 +94,7 @@ _ARCH_CONFIG_KEYS = {
         "rope.freq_base_swa": "rope_local_base_freq",
         "final_logit_softcapping": "final_logit_softcapping",
     },
+    "olmoe": {"attention.clamp_kqv": "clip_qkv"},
 }
 _TOKEN_ID_KEYS = {
     "tokenizer.ggml.bos_token_id": "bos_token_id",
@@ -99,7 +120,14 @@ _BLOCK_TENSORS = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
+# the experts of a layer stacked into one tensor -> the Hugging Face per-expert projection
+_STACKED_EXPERTS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
 # Gemma's sandwich norms: llama.cpp's ffn_norm is the norm before the feed-forward block
 _GEMMA_NORMS = {
     "post_attention_norm": "post_attention_layernorm",
@@ -117,12 +145,18 @@ _CONFIG_TENSORS = ("rope_factors_long.weight", "rope_factors_short.weight")
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 
-def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str:
+def hf_tensor_name(gguf_name: str, arch: str = "llama", expert: int | None = None) -> str:
     """The Hugging Face parameter name of a GGUF tensor of architecture ``arch``
-    (``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``)."""
+    (``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``); for a tensor of
+    stacked experts, that of expert ``expert``'s slice (``blk.3.ffn_up_exps.weight``, 5 ->
+    ``model.layers.3.mlp.experts.5.up_proj.weight``)."""
     match = _BLOCK_RE.match(gguf_name)
     if match is not None:
         idx, part, kind = match.groups()
+        if part in _STACKED_EXPERTS:
+            if expert is None:
+                raise ValueError(f"GGUF tensor {gguf_name!r} stacks every expert; name one expert's slice (expert=...)")
+            return f"model.layers.{idx}.mlp.experts.{expert}.{_STACKED_EXPERTS[part]}.{kind}"
         block = {**_BLOCK_TENSORS, **_ARCH_BLOCK_TENSORS.get(arch, {})}
         if part in block:
             return f"model.layers.{idx}.{block[part]}.{kind}"
@@ -203,6 +237,9 @@ class GGUFCheckpoint:
         window = self._field(f"{self.arch}.attention.sliding_window")
         if self.arch == "llama" and window:
             model_type, architecture = _MISTRAL
+        experts = int(self._field(f"{self.arch}.expert_count", 0) or 0)
+        if self.arch == "llama" and experts:
+            model_type, architecture = _MIXTRAL
         kwargs: dict[str, Any] = {}
         for key, attr in {**_CONFIG_KEYS, **_ARCH_CONFIG_KEYS.get(self.arch, {})}.items():
             value = self._field(f"{self.arch}.{key}")
@@ -228,13 +265,49 @@ class GGUFCheckpoint:
             if original is not None:
                 scaling["original_max_position_embeddings"] = int(original)
             kwargs["rope_scaling"] = scaling
-        if model_type in ("mistral", "phi3"):
+        if experts:
+            self._moe_config(kwargs, model_type, experts)
+        if model_type in ("mistral", "phi3", "mixtral"):
             kwargs["sliding_window"] = int(window) if window else None  # llama.cpp writes 0 for none
         if self.arch == "phi3":
             kwargs.update(self._phi3_rope(kwargs))
         kwargs["tie_word_embeddings"] = self.tied
         kwargs["architectures"] = [architecture]
         return AutoConfig.for_model(model_type, **kwargs)
+
+    def _moe_config(self, kwargs: dict[str, Any], model_type: str, experts: int) -> None:
+        """The mixture-of-experts fields (see the module docstring)."""
+        arch = self.arch
+        expert_ff = self._field(f"{arch}.expert_feed_forward_length")
+        used = self._field(f"{arch}.expert_used_count")
+        if used is None:
+            raise ValueError(f"{self.path} has {arch}.expert_count = {experts} but no {arch}.expert_used_count; the file is incomplete")
+        kwargs["num_experts_per_tok"] = int(used)
+        norm = self._field(f"{arch}.expert_weights_norm")
+        norm_topk = _MOE_NORM_TOPK.get(arch, False) if norm is None else bool(norm)
+        if model_type == "mixtral":
+            kwargs["num_local_experts"] = experts
+            if expert_ff:
+                kwargs["intermediate_size"] = int(expert_ff)
+            return
+        kwargs["num_experts"] = experts
+        kwargs["norm_topk_prob"] = norm_topk
+        if model_type == "olmoe":
+            if expert_ff:
+                kwargs["intermediate_size"] = int(expert_ff)
+            return
+        kwargs["moe_intermediate_size"] = int(expert_ff or kwargs.get("intermediate_size", 0))
+        kwargs["decoder_sparse_step"] = 1
+        names = {t.name for t in self.reader.tensors}
+        kwargs["mlp_only_layers"] = [
+            i for i in range(int(kwargs.get("num_hidden_layers", 0))) if f"blk.{i}.ffn_gate_inp.weight" not in names
+        ]
+        if model_type == "qwen2_moe":
+            shared = self._field(f"{arch}.expert_shared_feed_forward_length")
+            if shared is None:  # older files: the shared expert's gate rows say it
+                gates = [t for t in self.reader.tensors if t.name.endswith(".ffn_gate_shexp.weight")]
+                shared = int(gates[0].shape[1]) if gates else 0
+            kwargs["shared_expert_intermediate_size"] = int(shared)
 
     def _phi3_rope(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """Phi-3's RoPE fields: ``partial_rotary_factor`` from ``rope.dimension_count``, the
@@ -289,11 +362,14 @@ class GGUFCheckpoint:
 
     def tensor_types(self) -> dict[str, int]:
         """Hugging Face tensor name -> its GGUF quantization type (no data is read)."""
-        return {
-            hf_tensor_name(t.name, self.arch): int(t.tensor_type)
-            for t in self.reader.tensors
-            if t.name not in _CONFIG_TENSORS
-        }
+        types: dict[str, int] = {}
+        for t in self.reader.tensors:
+            if t.name in _CONFIG_TENSORS:
+                continue
+            experts = [None] if _stacked_experts(t.name) is None else range(int(t.shape[-1]))  # GGUF dims: E last
+            for expert in experts:
+                types[hf_tensor_name(t.name, self.arch, expert)] = int(t.tensor_type)
+        return types
 
     def tensors(
         self, dtype: torch.dtype = torch.float32, keep_qtypes: Iterable[int] = ()
@@ -309,6 +385,9 @@ class GGUFCheckpoint:
         for tensor in self.reader.tensors:
             if tensor.name in _CONFIG_TENSORS:
                 continue  # read into the config by hf_config()
+            if _stacked_experts(tensor.name) is not None:
+                yield from self._expert_tensors(tensor, dtype, keep)
+                continue
             name = hf_tensor_name(tensor.name, self.arch)
             permute = self.arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight"))
             heads = n_head if "q_proj" in name else n_kv_head
@@ -326,7 +405,35 @@ class GGUFCheckpoint:
                 array = _unpermute_rows(array, heads)
             if minus_one and name.endswith("norm.weight"):
                 array = array - np.float32(1.0)
+            if name.endswith("shared_expert_gate.weight"):
+                array = array.reshape(1, -1)  # Hugging Face's [1, hidden] linear; llama.cpp may store [hidden]
             yield name, torch.from_numpy(np.array(array, dtype=np.float32, order="C")).to(dtype)
+
+    def _expert_tensors(
+        self, tensor: Any, dtype: torch.dtype, keep: set[int]
+    ) -> Iterator[tuple[str, "torch.Tensor | GGUFTensor"]]:
+        """A stacked experts tensor one expert at a time: its block rows (``keep``) or floats."""
+        from gguf.quants import dequantize
+
+        qtype = int(tensor.tensor_type)
+        cols = int(tensor.shape[0])  # GGUF lists dims innermost first
+        data = tensor.data  # numpy [E, rows, cols] (float) or [E, rows, row_bytes] (blocks)
+        if data.ndim != 3:
+            raise ValueError(f"GGUF tensor {tensor.name!r} should stack the experts in 3 dimensions, not {data.shape}")
+        for expert in range(data.shape[0]):
+            name = hf_tensor_name(tensor.name, self.arch, expert)
+            if qtype in keep:
+                blocks = np.array(data[expert], dtype=np.uint8, order="C")
+                yield name, GGUFTensor(torch.from_numpy(blocks), qtype, (blocks.shape[0], cols))
+            else:
+                array = np.asarray(dequantize(data[expert], tensor.tensor_type), dtype=np.float32)
+                yield name, torch.from_numpy(np.array(array, order="C")).to(dtype)
+
+
+def _stacked_experts(gguf_name: str) -> str | None:
+    """The Hugging Face projection a tensor of stacked experts holds (``gate_proj``...), else ``None``."""
+    match = _BLOCK_RE.match(gguf_name)
+    return None if match is None else _STACKED_EXPERTS.get(match.group(2))
 
 
 # -- the block cache: a GGUF's tensors, blocks as stored, in a safetensors file -------------------

@@ -159,7 +159,8 @@ class QuantPlan:
 
 class BoundQuantPlan:
     """A plan with its method objects, built from this process's ``quantization_methods`` registry:
-    what the model asks for each layer (``linear_method(name)``, ``embedding_method(name)``)."""
+    what the model asks for each layer (``linear_method(name)``, ``embedding_method(name)``,
+    ``moe_method(name)``)."""
 
     def __init__(self, plan: QuantPlan, registry: dict[str, Any]) -> None:
         self.plan = plan
@@ -186,6 +187,13 @@ class BoundQuantPlan:
     def embedding_method(self, layer: str) -> Any:
         method = self._method(layer)
         return None if method is None else method.get_embedding_method(layer)
+
+    def moe_method(self, layer: str) -> Any:
+        """The MoE method owning the routed experts of ``layer`` (``model.layers.3.mlp.experts``),
+        or ``None``: unquantized, or the layer's method keeps experts float."""
+        method = self._method(layer)
+        get = None if method is None else getattr(method, "get_moe_method", None)
+        return None if get is None else get(layer)
 
     def kept_gguf_qtypes(self) -> tuple[int, ...]:
         """The GGUF block types the plan's methods keep as stored (the others are dequantized)."""

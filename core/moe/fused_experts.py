@@ -69,28 +69,36 @@ def fused_experts_sorted(
 ) -> torch.Tensor:
     """The reference (any device): token-choices sorted by expert, each expert hit once."""
     out = torch.zeros_like(x)
+    for expert, rows, weights in expert_groups(topk_ids, topk_weights, w13.shape[0]):
+        h = torch.nn.functional.linear(x[rows], w13[expert], None if w13_bias is None else w13_bias[expert])
+        y = torch.nn.functional.linear(
+            apply_activation(h, activation, alpha, limit), w2[expert], None if w2_bias is None else w2_bias[expert]
+        )
+        out.index_add_(0, rows, (y * weights[:, None].to(y.dtype)).to(out.dtype))
+    return out
+
+
+def expert_groups(
+    topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int
+) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
+    """The token-choices sorted by expert: ``(expert, token rows, routing weights)`` for every
+    local expert that has tokens, in ascending expert order (``-1`` choices are left out)."""
     num_tokens, top_k = topk_ids.shape
     if num_tokens == 0:
-        return out
-    num_experts = w13.shape[0]
+        return []
     flat = topk_ids.reshape(-1).long()
     order = torch.argsort(flat, stable=True)
     counts = torch.bincount(flat + 1, minlength=num_experts + 1).tolist()  # bucket 0: -1 (not here)
     tokens = order // top_k
     weights = topk_weights.reshape(-1)[order]
+    groups = []
     start = counts[0]
     for expert in range(num_experts):
         n = counts[expert + 1]
-        if n == 0:
-            continue
-        rows = tokens[start : start + n]
-        h = torch.nn.functional.linear(x[rows], w13[expert], None if w13_bias is None else w13_bias[expert])
-        y = torch.nn.functional.linear(
-            apply_activation(h, activation, alpha, limit), w2[expert], None if w2_bias is None else w2_bias[expert]
-        )
-        out.index_add_(0, rows, (y * weights[start : start + n, None].to(y.dtype)).to(out.dtype))
-        start += n
-    return out
+        if n:
+            groups.append((expert, tokens[start : start + n], weights[start : start + n]))
+            start += n
+    return groups
 
 
 def fused_experts_loop(

@@ -81,9 +81,11 @@ class CudaPlatform(Platform):
     def offer_kernels(self, register: Callable[..., None]) -> list[str]:
         """The Triton kernels for ``host_offer_kernels`` (the cuda and rocm platform plugins call
         this for their platform): :meth:`register_quant_kernels`, the layer ops
-        (``rms_norm``, ``silu_and_mul``, ``rotary_embedding``) and the LoRA shrink/expand
+        (``rms_norm``, ``silu_and_mul``, ``rotary_embedding``), the LoRA shrink/expand
         (:func:`host.plugins.triton_ops.lora.register_lora_kernels`, used with
-        ``--enable-lora``), none where Triton does not target the GPU. Returns the ops registered."""
+        ``--enable-lora``) and the fused MoE experts
+        (:func:`host.plugins.triton_ops.fused_moe.register_fused_moe_kernels`), none where
+        Triton does not target the GPU. Returns the ops registered."""
         from host.plugins.triton_ops.custom_ops import offer_triton_layer_ops
 
         ops = self.register_quant_kernels(register)
@@ -91,9 +93,11 @@ class CudaPlatform(Platform):
         ops += ["rms_norm", "silu_and_mul", "rotary_embedding"]
         triton_problem = getattr(self, "triton_problem", None)
         if triton_problem is None or not triton_problem():
+            from host.plugins.triton_ops.fused_moe import register_fused_moe_kernels
             from host.plugins.triton_ops.lora import register_lora_kernels
 
             ops += register_lora_kernels(self.device_type, register)
+            ops += register_fused_moe_kernels(self.device_type, register)
         return ops
 
     def register_quant_kernels(self, register: Callable[..., None] | None = None) -> list[str]:

@@ -11,6 +11,9 @@ With ``--quantized-activations q8`` (``GGUFMethod.activations == "q8"``) every l
 through ``host_quant::gguf_linear_q8`` instead: the activation rows are quantized to int8 blocks
 of 32 with a float32 scale and multiplied with integer dot products (llama.cpp's scheme; the
 layer records it as ``layer.quantized_activations`` for kernels that read layers directly).
+
+The routed experts of a mixture-of-experts layer keep their blocks too (``get_moe_method``:
+:class:`host.plugins.quantization.gguf_moe.GGUFMoEMethod`, computing through ``gguf_linear``).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import torch.nn.functional as F
 
 from host.plugins.quantization import ops
 from host.plugins.quantization.gguf_blocks import BLOCKS, F32, NAMES, embedding_reference
+from host.plugins.quantization.gguf_moe import GGUFMoEMethod
 from host.sdk.quantization import EmbeddingMethod, QuantizationMethod
 
 
@@ -107,3 +111,6 @@ class GGUFMethod(QuantizationMethod):
 
     def get_embedding_method(self, layer_name: str) -> GGUFLinearMethod:
         return GGUFLinearMethod(self.activations)
+
+    def get_moe_method(self, layer_name: str) -> GGUFMoEMethod:
+        return GGUFMoEMethod(self.activations)
