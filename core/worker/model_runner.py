@@ -121,6 +121,13 @@ class ModelRunner:
             parallel_config=getattr(self.config, "parallel", None),
         )
         self.model.eval()
+        if self.eplb_enabled:  # refuse at start-up what the load balancer could not rearrange
+            layers = self.model.moe_layers() if hasattr(self.model, "moe_layers") else []
+            if not layers:
+                raise ValueError(f"--enable-eplb balances the experts of a mixture-of-experts model; "
+                                 f"{type(self.model).__name__} has none (drop --enable-eplb)")
+            for layer in layers:
+                layer.slot_tensors()
         self.weight_bytes = weight_bytes(self.model)
         self.platform.prepare_model(self.model, self.config)
         self.pipeline = PipelineStage.of(self.model, self.hf_config, self.dtype, self.device)
