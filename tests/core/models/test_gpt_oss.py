@@ -206,3 +206,52 @@ def test_mxfp4_checkpoint_loads_dequantized(checkpoint, tmp_path) -> None:
         changed = max((a - b).abs().max().item() for a, b in zip(ref.state_dict().values(), hf.state_dict().values()))
     assert changed > 1e-3, "quantizing must change the expert weights"
     _engine_matches(str(mx_dir), ref, None)
+
+
+def test_mxfp4_quant_method_is_dequantized_for_gpt_oss_only(tmp_path, caplog) -> None:
+    """The plan runs a gpt-oss MXFP4 checkpoint unquantized (its loader dequantizes the experts),
+    saying so once; another architecture quantized with mxfp4 is still refused."""
+    from types import SimpleNamespace
+
+    from host.core.config import EngineConfig, QuantizationConfig
+    from host.core.models.quant_plan import registered_methods, resolve_quant_plan
+
+    cpu = SimpleNamespace(name="cpu", device_type="cpu", supported_quantization=[], get_device_capability=lambda device_id=0: None)
+    mxfp4 = {"quant_method": "mxfp4"}
+
+    def engine_config(hf: Any) -> EngineConfig:
+        model = ModelConfig(model=str(tmp_path), dtype="float32", hf_config=hf, resolved_path=str(tmp_path))
+        return EngineConfig(model=model, quant=QuantizationConfig(None, [], {}))
+
+    gpt_oss = transformers.GptOssConfig(**CONFIG, quantization_config=mxfp4)
+    gpt_oss.architectures = ["GptOssForCausalLM"]
+    with caplog.at_level("INFO", logger="host.quantization"):
+        plan = resolve_quant_plan(engine_config(gpt_oss), registered_methods(), cpu)
+    assert plan.method is None and not plan.quantized
+    assert sum("mxfp4 weights are dequantized to the model dtype at load" in r.message for r in caplog.records) == 1
+    llama = transformers.LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, quantization_config=mxfp4)
+    llama.architectures = ["LlamaForCausalLM"]
+    with pytest.raises(ValueError, match="quant_method='mxfp4', which no registered method runs"):
+        resolve_quant_plan(engine_config(llama), registered_methods(), cpu)
+
+
+def test_backend_requirements_ask_for_sinks() -> None:
+    """The backend is chosen from the config before the model is built: gpt-oss's class declares
+    its sinks, so a backend without them (triton_paged) is not a candidate."""
+    from host.core.worker.attention_selector import config_attention_sinks
+
+    gpt_oss = transformers.GptOssConfig(**CONFIG)
+    gpt_oss.architectures = ["GptOssForCausalLM"]
+    assert config_attention_sinks(gpt_oss)
+    llama = transformers.LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4)
+    llama.architectures = ["LlamaForCausalLM"]
+    assert not config_attention_sinks(llama)
+    llama.architectures = ["NoSuchForCausalLM"]
+    assert not config_attention_sinks(llama)
+
+
+def test_the_transformers_fallback_refuses_sinks(checkpoint) -> None:
+    """--model-impl transformers would drop the sinks (transformers passes them as ``s_aux``): refused."""
+    path, _ = checkpoint
+    with pytest.raises(ValueError, match="attention sinks.*cannot run with --model-impl transformers"):
+        load_model(ModelConfig(model=path, model_impl="transformers"), LoadConfig(), attn_backend=None)
