@@ -42,6 +42,8 @@ class AttentionRequirements:
     sliding_window: int | None = None
     # tanh soft-capping of the attention logits (Gemma 2: ``cap * tanh(logit / cap)``), None = off
     logits_soft_cap: float | None = None
+    # learned per-head sink logits joining the softmax denominator (gpt-oss), False = none
+    sinks: bool = False
 
 
 @dataclass
@@ -76,9 +78,17 @@ class AttentionImpl:
     before the mask and the softmax: ``cap * tanh(scale * q.k / cap)`` (Gemma 2). An impl that
     cannot compute it keeps ``supports_logits_soft_cap = False``, and this constructor then
     refuses the layer with a ``ValueError`` (its backend also declares the capability, so the
-    platform's selection skips it for such a model)."""
+    platform's selection skips it for such a model).
+
+    ``sinks`` (``None``: none) is a float tensor ``[num_heads]`` of learned per-head sink logits
+    (gpt-oss): each head's softmax denominator gains ``exp(sink)``, a logit with no value, so
+    ``out = sum_i exp(s_i) v_i / (exp(sink) + sum_i exp(s_i))``. It is the layer's parameter,
+    filled at load: the impl keeps the tensor and reads it at every call. An impl that cannot
+    add sinks keeps ``supports_sinks = False`` and this constructor refuses the layer (its
+    backend's ``supports_sinks`` keeps it out of selection for such a model)."""
 
     supports_logits_soft_cap: bool = False
+    supports_sinks: bool = False
 
     def __init__(
         self,
@@ -89,7 +99,16 @@ class AttentionImpl:
         sliding_window: int | None = None,
         kv_cache_dtype: str = "auto",
         logits_soft_cap: float | None = None,
+        sinks: "torch.Tensor | None" = None,
     ) -> None:
+        if sinks is not None:
+            if not self.supports_sinks:
+                raise ValueError(
+                    f"{type(self).__qualname__} cannot add attention sinks (the layer has learned sink logits, "
+                    "as gpt-oss does); pick a backend that can (--attention-backend torch_paged, or cpu_paged on CPU)"
+                )
+            if tuple(sinks.shape) != (num_heads,):
+                raise ValueError(f"sinks has shape {tuple(sinks.shape)}; one sink logit per query head, ({num_heads},), is needed")
         if logits_soft_cap is not None:
             if not self.supports_logits_soft_cap:
                 raise ValueError(
@@ -105,6 +124,7 @@ class AttentionImpl:
         self.sliding_window = sliding_window
         self.kv_cache_dtype = kv_cache_dtype
         self.logits_soft_cap = None if logits_soft_cap is None else float(logits_soft_cap)
+        self.sinks = sinks
 
     def forward(
         self,
@@ -170,6 +190,8 @@ class AttentionBackend:
     supports_sliding_window: ClassVar[bool] = False
     # tanh soft-capping of attention logits (its impl's ``supports_logits_soft_cap``)
     supports_logits_soft_cap: ClassVar[bool] = False
+    # learned per-head attention sinks (its impl's ``supports_sinks``)
+    supports_sinks: ClassVar[bool] = False
     supports_prefix_caching: ClassVar[bool] = True
     supports_mixed_batches: ClassVar[bool] = True  # prefill and decode in one varlen batch
     # can run inside a device graph: the metadata builder keeps views of the buffers it is given
@@ -200,6 +222,8 @@ class AttentionBackend:
             return f"{cls.name}: sliding window attention is not supported"
         if req.logits_soft_cap is not None and not cls.supports_logits_soft_cap:
             return f"{cls.name}: attention logit soft-capping is not supported"
+        if req.sinks and not cls.supports_sinks:
+            return f"{cls.name}: attention sinks are not supported"
         return None
 
     @staticmethod
@@ -226,6 +250,7 @@ class AttentionBackend:
             "block_size": str(cls.block_size_constraint),
             "sliding_window": cls.supports_sliding_window,
             "logits_soft_cap": cls.supports_logits_soft_cap,
+            "sinks": cls.supports_sinks,
             "prefix_caching": cls.supports_prefix_caching,
             "mixed_batches": cls.supports_mixed_batches,
             "cuda_graphs": cls.supports_cuda_graphs,

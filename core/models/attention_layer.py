@@ -47,7 +47,10 @@ class Attention(nn.Module):
     ``sliding_window`` (``None``: none): a query at position ``p`` sees keys at ``p - window + 1
     .. p``. ``logits_soft_cap`` (``None``: off): the scaled logits become ``cap * tanh(logit /
     cap)`` before the mask and the softmax (Gemma 2); the backend's impl is asked for it at
-    construction and refuses when it cannot compute it.
+    construction and refuses when it cannot compute it. ``sinks`` (gpt-oss): the layer holds a
+    learned sink logit per query head (``self.sinks``, float32 ``[num_heads]``, filled at load),
+    whose ``exp`` joins each head's softmax denominator without a value; the impl gets the
+    parameter at construction (and refuses it when it cannot add sinks).
     """
 
     def __init__(
@@ -60,6 +63,7 @@ class Attention(nn.Module):
         backend: type[AttentionBackend] | None = None,
         sliding_window: int | None = None,
         logits_soft_cap: float | None = None,
+        sinks: bool = False,
     ) -> None:
         super().__init__()
         if num_heads % num_kv_heads:
@@ -73,14 +77,15 @@ class Attention(nn.Module):
         self.layer_idx = layer_idx
         self.sliding_window = sliding_window
         self.logits_soft_cap = logits_soft_cap
+        self.sinks = nn.Parameter(torch.zeros(num_heads, dtype=torch.float32), requires_grad=False) if sinks else None
+        # the positional contract every impl takes; the optional features only when the layer has them
+        extra = {} if logits_soft_cap is None else {"logits_soft_cap": logits_soft_cap}
+        if self.sinks is not None:
+            extra["sinks"] = self.sinks
         if backend is None:
             self.impl = None
-        elif logits_soft_cap is None:  # the positional contract every impl takes
-            self.impl = backend.get_impl_cls()(num_heads, head_size, scale, num_kv_heads, sliding_window)
         else:
-            self.impl = backend.get_impl_cls()(
-                num_heads, head_size, scale, num_kv_heads, sliding_window, logits_soft_cap=logits_soft_cap
-            )
+            self.impl = backend.get_impl_cls()(num_heads, head_size, scale, num_kv_heads, sliding_window, **extra)
 
     # set by the model runner when the model is compiled: attention then goes through the
     # opaque ``host::attention`` op (always inside a forward context)
@@ -113,12 +118,18 @@ class Attention(nn.Module):
         if self.sliding_window is not None:
             idx = torch.arange(n, device=q.device)
             mask &= (idx[:, None] - idx[None, :]) < self.sliding_window
-        if self.logits_soft_cap is not None:  # SDPA cannot soft-cap: the logits written out
-            cap = self.logits_soft_cap
+        if self.logits_soft_cap is not None or self.sinks is not None:  # SDPA can do neither: the logits written out
             logits = torch.matmul(q.transpose(0, 1).float(), k.transpose(0, 1).float().transpose(-1, -2)) * self.scale
-            logits = (torch.tanh(logits / cap) * cap).masked_fill(~mask, float("-inf"))
-            probs = torch.softmax(logits, dim=-1).to(v.dtype)
-            return torch.matmul(probs, v.transpose(0, 1)).transpose(0, 1)
+            if self.logits_soft_cap is not None:
+                cap = self.logits_soft_cap
+                logits = torch.tanh(logits / cap) * cap
+            logits = logits.masked_fill(~mask, float("-inf"))
+            if self.sinks is None:
+                probs = torch.softmax(logits, dim=-1)
+            else:  # the sink's logit joins each head's softmax as one more column, then is dropped
+                sink = self.sinks.float().view(-1, 1, 1).expand(-1, n, 1)
+                probs = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]
+            return torch.matmul(probs.to(v.dtype), v.transpose(0, 1)).transpose(0, 1)
         out = F.scaled_dot_product_attention(
             q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=self.scale
         )

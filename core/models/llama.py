@@ -107,9 +107,11 @@ class DecoderAttention(nn.Module):
         scale: float | None = None,
         logits_soft_cap: float | None = None,
         norm_cls: type[nn.Module] = RMSNorm,
+        sinks: bool = False,
     ) -> None:
         """``scale`` (default ``head_dim ** -0.5``), ``logits_soft_cap`` (default off) and
-        ``norm_cls`` (the q/k norm's class) are for architectures that differ there (Gemma)."""
+        ``norm_cls`` (the q/k norm's class) are for architectures that differ there (Gemma);
+        ``sinks`` gives the attention learned per-head sink logits (gpt-oss, ``attn.sinks``)."""
         super().__init__()
         shard = shard or ModelShard()
         tp = shard.tp_size
@@ -144,6 +146,7 @@ class DecoderAttention(nn.Module):
             backend=attn_backend,
             sliding_window=window_of(config, layer_idx),
             logits_soft_cap=logits_soft_cap,
+            sinks=sinks,
         )
 
     def shard_slice(self, shard: str) -> slice:

@@ -5,7 +5,9 @@
 1. ``--quantization NAME`` / ``LLM(quantization=NAME)``: that registered method; ``none`` turns
    quantization off (a GGUF source is then dequantized at load);
 2. else the checkpoint's ``quantization_config.quant_method`` (a method may claim another name
-   through ``override_quantization_method``);
+   through ``override_quantization_method``); a method no plugin registers that the model's
+   loader dequantizes itself (:data:`DEQUANTIZED_AT_LOAD`: gpt-oss's MXFP4 experts) loads as an
+   unquantized model, with one log line;
 3. else a GGUF source (a ``.gguf`` file, or the default model's directory, which keeps its GGUF
    blocks next to the converted weights): ``gguf``, the blocks kept as stored;
 4. else none.
@@ -42,6 +44,10 @@ _FUSED_ALIASES = {
     "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
 }
 EMBEDDING = "model.embed_tokens"
+DEQUANTIZED_AT_LOAD = {"mxfp4": ("GptOssForCausalLM",)}
+"""Checkpoint ``quant_method`` -> the architectures whose weight loading dequantizes it to the
+model dtype (so the plan needs no method for it): gpt-oss's MXFP4 experts
+(:func:`host.core.models.gpt_oss.dequantize_mxfp4`; keeping them packed is issue 39)."""
 
 
 HOST_FILES_DIR = ".host"
@@ -230,12 +236,20 @@ def resolve_quant_plan(config: Any, registry: dict[str, Any], platform: Any) -> 
         wanted = str(hf_quant.get("quant_method", "")).lower()
         claimed = [cls.name for cls in registry.values() if cls.override_quantization_method(hf_quant, choice)]
         method = claimed[0] if claimed else wanted
-        if method not in registry:
+        architectures = set(getattr(model.hf_config, "architectures", None) or [])
+        if method not in registry and architectures & set(DEQUANTIZED_AT_LOAD.get(wanted, ())):
+            logger.info(
+                "the checkpoint's %s weights are dequantized to the model dtype at load (no %s method is registered)",
+                wanted, wanted,
+            )
+            method, source = None, f"the checkpoint's {wanted} weights, dequantized at load"
+        elif method not in registry:
             raise ValueError(
                 f"the checkpoint is quantized with quant_method={wanted!r}, which no registered method runs; "
                 f"registered: {', '.join(sorted(registry)) or 'none'} (install a host.quantization plugin for it)"
             )
-        method_config, source = hf_quant, "the checkpoint's quantization_config"
+        else:
+            method_config, source = hf_quant, "the checkpoint's quantization_config"
     elif gguf_path is not None and GGUF in registry:
         method, source = GGUF, "a GGUF source, blocks kept as stored"
     else:

@@ -75,10 +75,13 @@ def _record(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, val
     if calls is None:
         raise RuntimeError(f"{name} has no host_attention layer: build the model with TransformersForCausalLM")
     for arg, what in _UNSUPPORTED.items():
-        if kwargs.get(arg) is not None:
+        given = kwargs.get(arg)
+        if given is not None:
+            shown = f"a {tuple(given.shape)} tensor" if isinstance(given, torch.Tensor) else repr(given)
             raise ValueError(
-                f"{name} uses {what} ({arg}={kwargs[arg]!r}), which host's attention backends do not implement; "
-                "this architecture cannot run with --model-impl transformers"
+                f"{name} uses {what} ({arg}={shown}), which the transformers fallback does not hand to "
+                "host's attention; this architecture cannot run with --model-impl transformers (use its native "
+                "implementation where one is registered: gpt-oss has one)"
             )
     if not getattr(module, "is_causal", True):
         raise ValueError(f"{name} attends bidirectionally; --model-impl transformers runs causal decoders only")

@@ -28,10 +28,26 @@ def config_sliding_window(hf_config: Any) -> int | None:
     return int(window)
 
 
+def config_attention_sinks(hf_config: Any) -> bool:
+    """Whether the model's attention layers have learned sink logits: the native class of the
+    config's architecture says so (``attention_sinks = True``, gpt-oss); an architecture no
+    plugin registers natively has none."""
+    from host.core.models.registry import resolve_model_class
+
+    architectures = getattr(hf_config, "architectures", None)
+    if not architectures:
+        return False
+    try:
+        cls = resolve_model_class(list(architectures))
+    except ValueError:
+        return False
+    return bool(getattr(cls, "attention_sinks", False))
+
+
 def attention_requirements(config: EngineConfig, platform: Any, hf_config: Any, dtype: torch.dtype) -> AttentionRequirements:
     """What the model needs from a backend, read from its config. ``logits_soft_cap`` is the
     config's ``attn_logit_softcapping`` (Gemma 2's; a backend that cannot soft-cap is then not a
-    candidate)."""
+    candidate); ``sinks`` is :func:`config_attention_sinks` (gpt-oss)."""
     head_size = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
     window = config_sliding_window(hf_config)
     soft_cap = getattr(hf_config, "attn_logit_softcapping", None)
@@ -43,6 +59,7 @@ def attention_requirements(config: EngineConfig, platform: Any, hf_config: Any, 
         kv_cache_dtype=config.cache.cache_dtype,
         sliding_window=window,
         logits_soft_cap=float(soft_cap) if soft_cap else None,
+        sinks=config_attention_sinks(hf_config),
     )
 
 

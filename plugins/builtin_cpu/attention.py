@@ -62,8 +62,9 @@ class CpuPagedAttentionImpl(TorchPagedAttentionImpl):
             q = query.index_select(0, g.query_token_index)
         q = q.reshape(g.num_reqs, self.num_heads, self.head_size).contiguous()
         tables, lens = g.decode_tables(md)
+        sinks = None if self.sinks is None else self.sinks.detach().float().contiguous()
         out = self._decode_kernel(q, kv_cache[0], kv_cache[1], tables, lens, self.scale, self.sliding_window or 0,
-                                   self.logits_soft_cap or 0.0)
+                                   self.logits_soft_cap or 0.0, sinks)
         if g.query_token_range is not None:
             output[g.query_token_range[0] : g.query_token_range[1]].copy_(out)
         else:
@@ -74,8 +75,8 @@ class CpuPagedAttentionBackend(TorchPagedAttentionBackend):
     """Paged attention for the CPU platform: ``torch_paged`` plus the compiled decode kernel.
 
     Any positive block size works (``MultipleOf(1)``; 16 is the engine default). Supports
-    sliding windows, attention logit soft-capping (the compiled decode kernel and the torch path
-    both compute it), prefix caching (context already in the cache) and mixed prefill/decode
+    sliding windows, attention logit soft-capping and attention sinks (the compiled decode kernel
+    and the torch path both compute them), prefix caching (context already in the cache) and mixed prefill/decode
     batches. The per-layer cache is ``(2, num_blocks, block_size, num_kv_heads, head_size)``;
     the metadata builder is ``torch_paged``'s. fp8 KV pages (``--kv-cache-dtype fp8``) are
     inherited from ``torch_paged`` (its torch path; the compiled kernel reads float32 only).

@@ -142,6 +142,8 @@ class FusedDecode:
             attn, mlp = layer.self_attn, layer.mlp
             if not hasattr(mlp, "gate_up_proj") or type(attn).forward is not DecoderAttention.forward:
                 return "the layers are not Llama-shaped (mixture-of-experts or their own attention)"
+            if getattr(attn.attn, "sinks", None) is not None:
+                return "the attention has sinks (the compiled step does not add them)"
             for linear in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
                 if getattr(linear, "scheme", None) is not None:
                     reason = _quant_reason(linear)

@@ -23,6 +23,7 @@ ARCHITECTURES = {
     "Qwen3MoeForCausalLM": "host.core.models.moe_models:Qwen3MoeForCausalLM",
     "MixtralForCausalLM": "host.core.models.moe_models:MixtralForCausalLM",
     "OlmoeForCausalLM": "host.core.models.moe_models:OlmoeForCausalLM",
+    "GptOssForCausalLM": "host.core.models.gpt_oss:GptOssForCausalLM",
     "BertModel": "host.core.models.bert:BertModel",  # an encoder: --runner pooling (docs/pooling.md)
 }
 

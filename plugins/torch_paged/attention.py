@@ -62,31 +62,39 @@ def quantize_kv(x: torch.Tensor, scale: float) -> torch.Tensor:
     return x.clamp_(-_FP8_MAX, _FP8_MAX).to(torch.float8_e4m3fn)
 
 
-def softcapped_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float, cap: float,
-    is_causal: bool = False,
+def explicit_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
+    cap: float | None = None, sinks: torch.Tensor | None = None, is_causal: bool = False,
 ) -> torch.Tensor:
-    """``scaled_dot_product_attention`` with tanh soft-capping of the logits (Gemma 2), which the
-    fused kernel cannot do: ``softmax(cap * tanh(scale * q k^T / cap) + mask) v``, the logits and
-    the softmax in float32 (the probabilities cast back to ``v``'s dtype before the product, as
-    the Hugging Face reference does). ``q`` ``[..., heads, Lq, D]``; ``k``/``v`` ``[..., kv_heads,
-    Lk, D]`` with ``heads`` a multiple of ``kv_heads`` (grouped-query heads are repeated);
-    ``mask`` additive, broadcastable to the logits, or ``None``; ``is_causal``: SDPA's causal mask
-    (query row ``i`` sees keys ``0..i``; fresh prompts, where the two lengths are equal)."""
+    """``scaled_dot_product_attention`` with what the fused kernel cannot do, the logits written
+    out: tanh soft-capping (Gemma 2, ``cap``: ``cap * tanh(scale * q k^T / cap)`` before the mask)
+    and attention sinks (gpt-oss, ``sinks``: one more logit per query row joins the softmax,
+    with no value, so the probabilities over the keys sum to less than 1). The logits and the
+    softmax are float32 (the probabilities cast back to ``v``'s dtype before the product, as the
+    Hugging Face references do). ``q`` ``[..., heads, Lq, D]``; ``k``/``v`` ``[..., kv_heads, Lk, D]``
+    with ``heads`` a multiple of ``kv_heads`` (grouped-query heads are repeated); ``mask``
+    additive, broadcastable to the logits, or ``None``; ``sinks`` broadcastable to ``[...,
+    heads, Lq, 1]``; ``is_causal``: SDPA's causal mask (query row ``i`` sees keys ``0..i``; fresh
+    prompts, where the two lengths are equal)."""
     rep = q.shape[-3] // k.shape[-3]
     if rep > 1:
         k = k.repeat_interleave(rep, dim=-3)
         v = v.repeat_interleave(rep, dim=-3)
     logits = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
-    logits = torch.tanh(logits / cap) * cap
+    if cap is not None:
+        logits = torch.tanh(logits / cap) * cap
     if is_causal:
         lq, lk = logits.shape[-2], logits.shape[-1]
         future = torch.ones(lq, lk, dtype=torch.bool, device=q.device).triu(1)
         logits = logits.masked_fill(future, float("-inf"))
     if mask is not None:
         logits = logits + mask.float()
-    probs = torch.softmax(logits, dim=-1).to(v.dtype)
-    return torch.matmul(probs, v)
+    if sinks is None:
+        probs = torch.softmax(logits, dim=-1)
+    else:
+        sink = sinks.float().expand(*logits.shape[:-1], 1)
+        probs = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]
+    return torch.matmul(probs.to(v.dtype), v)
 
 
 def dequantize_kv(pages: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
@@ -99,8 +107,9 @@ def dequantize_kv(pages: torch.Tensor, scale: float, dtype: torch.dtype) -> torc
 class TorchPagedAttentionImpl(AttentionImpl):
     """Writes K/V through the slot mapping, then runs one fused attention call per group.
 
-    With ``logits_soft_cap`` set the call is :func:`softcapped_attention` (the logits soft-capped
-    before the mask; the same grouping, masks and folding) instead of the fused SDPA kernel.
+    With ``logits_soft_cap`` or ``sinks`` set the call is :func:`explicit_attention` (the logits
+    soft-capped before the mask, the sink logits joining the softmax; the same grouping, masks
+    and folding) instead of the fused SDPA kernel.
 
     ``k_scale`` / ``v_scale`` are this layer's fp8 scales (used only when the cache is fp8):
     1.0 unless set before the first step, and never changed afterwards (pages already written,
@@ -109,12 +118,25 @@ class TorchPagedAttentionImpl(AttentionImpl):
     k_scale: float = 1.0
     v_scale: float = 1.0
     supports_logits_soft_cap = True
+    supports_sinks = True
 
     def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
-              is_causal: bool = False, enable_gqa: bool = False) -> torch.Tensor:
-        """One attention call over a group: the fused SDPA kernel, or the soft-capped reference."""
-        if self.logits_soft_cap is not None:
-            return softcapped_attention(q, k, v, mask, self.scale, self.logits_soft_cap, is_causal=is_causal)
+              is_causal: bool = False, enable_gqa: bool = False, folded: int = 0) -> torch.Tensor:
+        """One attention call over a group: the fused SDPA kernel, or :func:`explicit_attention`
+        for soft-capping or sinks. ``folded``: ``q`` holds ``folded`` query rows per KV head, the
+        GQA heads folded in (row ``m * rep + r`` of KV head ``h`` is query head ``h * rep + r``);
+        0: ``q`` is ``[..., heads, Lq, D]``."""
+        if self.logits_soft_cap is not None or self.sinks is not None:
+            sinks = None
+            if self.sinks is not None:
+                heads = self.sinks.shape[0]
+                if folded:
+                    kv_heads = k.shape[-3]
+                    rep = heads // kv_heads
+                    sinks = self.sinks.view(kv_heads, 1, rep).expand(kv_heads, folded // rep, rep).reshape(kv_heads, folded, 1)
+                else:
+                    sinks = self.sinks.view(heads, 1, 1)
+            return explicit_attention(q, k, v, mask, self.scale, self.logits_soft_cap, sinks, is_causal=is_causal)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=self.scale, enable_gqa=enable_gqa)
 
     def forward(
@@ -204,7 +226,7 @@ class TorchPagedAttentionImpl(AttentionImpl):
             # that head, so each KV page is streamed once per KV head with rep * mq rows.
             q = q.view(n, mq, kv_heads, rep, hd).permute(0, 2, 1, 3, 4).reshape(n, kv_heads, mq * rep, hd)
             mask = g.on(("mask", self.sliding_window, q.dtype, rep), g.mask(self.sliding_window, q.dtype, rep), dev)
-            out = self._sdpa(q, k, v, mask)
+            out = self._sdpa(q, k, v, mask, folded=mq * rep)
             out = out.view(n, kv_heads, mq, rep, hd).permute(0, 2, 1, 3, 4)  # [n, mq, kv, rep, hd]
         else:
             mask = g.on(("mask", self.sliding_window, q.dtype, 1), g.mask(self.sliding_window, q.dtype, 1), dev)
@@ -226,7 +248,7 @@ class TorchPagedAttentionBackend(AttentionBackend):
     device — the fallback a GPU platform lists after its kernels, for shapes they refuse.
 
     Any positive block size works (``MultipleOf(1)``). Supports sliding windows, attention logit
-    soft-capping, prefix caching (context already in the cache) and mixed prefill/decode batches.
+    soft-capping, attention sinks, prefix caching (context already in the cache) and mixed prefill/decode batches.
     The per-layer cache is
     ``(2, num_blocks, block_size, num_kv_heads, head_size)``, in the model dtype or, with
     ``--kv-cache-dtype fp8``, float8_e4m3fn (torch converts in software: any device).
@@ -240,6 +262,7 @@ class TorchPagedAttentionBackend(AttentionBackend):
     block_size_constraint: ClassVar[MultipleOf] = MultipleOf(1)
     supports_sliding_window: ClassVar[bool] = True
     supports_logits_soft_cap: ClassVar[bool] = True
+    supports_sinks: ClassVar[bool] = True
     supports_prefix_caching: ClassVar[bool] = True
     supports_mixed_batches: ClassVar[bool] = True
 

@@ -37,7 +37,7 @@
 // paged_decode.cpp
 torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                            torch::Tensor block_table, torch::Tensor seq_lens, double scale,
-                           int64_t window, double softcap);
+                           int64_t window, double softcap, c10::optional<torch::Tensor> sinks);
 // linear_small_m.cpp
 torch::Tensor linear_small_m(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias);
 // quant_linear.cpp

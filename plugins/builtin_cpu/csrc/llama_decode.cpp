@@ -186,7 +186,7 @@ torch::Tensor llama_decode_step(int64_t plan_id, torch::Tensor hidden, torch::Te
     torch::Tensor v = qkv.narrow(1, qs + kvs, kvs).view({M, KVH, hd});
     torch::Tensor kc = p.kv_caches[l].select(0, 0), vc = p.kv_caches[l].select(0, 1);
     write_kv(k, v, kc, vc, slots.data_ptr<int64_t>(), M);
-    torch::Tensor attn = paged_decode(q.contiguous(), kc, vc, block_table, seq_lens, p.scale, p.windows[l], 0.0);
+    torch::Tensor attn = paged_decode(q.contiguous(), kc, vc, block_table, seq_lens, p.scale, p.windows[l], 0.0, c10::nullopt);
     x = decode_linear(attn.view({M, qs}), w[5], w[6], lin[1]);
     fused_add_rms_norm_(x, residual, w[7], eps);
     x = decode_linear(silu_and_mul(decode_linear(x, w[8], w[9], lin[2])), w[10], w[11], lin[3]);

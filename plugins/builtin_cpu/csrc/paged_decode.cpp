@@ -121,9 +121,11 @@ void decode_values(const float* p, const float* const* rows, int64_t n, int64_t 
 // Request r attends its last query token (position seq_lens[r]-1) to positions
 // [max(0, seq_lens[r]-window), seq_lens[r]) (window <= 0: no window). softcap > 0 soft-caps each
 // scaled logit s to softcap * tanh(s / softcap) before the softmax (Gemma 2); softcap <= 0: off.
+// sinks (gpt-oss; absent: none): float32 [H], a learned logit per query head whose exp joins the
+// head's softmax denominator, with no value.
 torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                            torch::Tensor block_table, torch::Tensor seq_lens, double scale,
-                           int64_t window, double softcap) {
+                           int64_t window, double softcap, c10::optional<torch::Tensor> sinks) {
   TORCH_CHECK(q.scalar_type() == torch::kFloat32 && k_cache.scalar_type() == torch::kFloat32 &&
               v_cache.scalar_type() == torch::kFloat32, "paged_decode: float32 only");
   TORCH_CHECK(block_table.scalar_type() == torch::kInt32 && seq_lens.scalar_type() == torch::kInt32,
@@ -145,6 +147,12 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
   float* op = out.data_ptr<float>();
   const float fscale = static_cast<float>(scale);
   const float cap = static_cast<float>(softcap), inv_cap = softcap > 0 ? static_cast<float>(1.0 / softcap) : 0.f;
+  const float* sp = nullptr;
+  if (sinks.has_value() && sinks->defined()) {
+    TORCH_CHECK(sinks->scalar_type() == torch::kFloat32 && sinks->is_contiguous() && sinks->numel() == H,
+                "paged_decode: sinks must be a contiguous float32 [num_heads] tensor");
+    sp = sinks->data_ptr<float>();
+  }
 
   // Work items are (request, KV head, span of positions). When there are fewer (request, KV
   // head) pairs than twice the threads (batch-1 decode), long sequences are split into spans
@@ -204,7 +212,8 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
     }
   });
 
-  // merge the spans of each (request, KV head): rescale by exp(m_span - m_max)
+  // merge the spans of each (request, KV head): rescale by exp(m_span - m_max); a sink adds
+  // exp(sink - m_max) to the denominator and nothing to the sum of values
   for (int64_t rh = 0; rh < R * KVH; ++rh) {
     const int64_t r = rh / KVH, h = rh % KVH;
     float* oh = op + (r * H + h * rep) * D;
@@ -213,7 +222,9 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
       std::fill(o, o + D, 0.f);
       float m = -INFINITY;
       for (int64_t i = first[rh]; i < first[rh + 1]; ++i) m = std::max(m, part_m[i * rep + j]);
-      float den = 0.f;
+      const float sink = sp != nullptr ? sp[h * rep + j] : -INFINITY;
+      m = std::max(m, sink);
+      float den = sp != nullptr ? std::exp(sink - m) : 0.f;
       for (int64_t i = first[rh]; i < first[rh + 1]; ++i) {
         const float c = std::exp(part_m[i * rep + j] - m);
         den += c * part_l[i * rep + j];

@@ -108,3 +108,19 @@ def test_fused_decode_is_off_for_bfloat16_and_without_kernels(tiny_checkpoint, m
     assert model.model.layers[0].input_layernorm.kernel is None
     out = plain.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
     assert len(out[0].outputs[0].token_ids) == 3
+
+
+def test_fused_decode_refuses_attention_with_sinks() -> None:
+    """The compiled step computes attention without sinks: a decoder whose attention has them runs
+    layer by layer."""
+    import transformers
+
+    from host.core.models.llama import LlamaForCausalLM
+    from host.plugins.builtin_cpu.fused_decode import FusedDecode
+
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=128)
+    model = LlamaForCausalLM(config)
+    assert FusedDecode.supports(model.model) != "the attention has sinks (the compiled step does not add them)"
+    model.model.layers[0].self_attn.attn.sinks = torch.nn.Parameter(torch.zeros(4), requires_grad=False)
+    assert FusedDecode.supports(model.model) == "the attention has sinks (the compiled step does not add them)"

@@ -85,9 +85,13 @@ def make_batch(
     return Batch(common, kv_cache, torch.cat(qs), torch.cat(ks), torch.cat(vs), full_k, full_v, queries, [c for c, _ in shapes])
 
 
-def dense_reference(batch: Batch, scale: float, sliding_window: int | None = None, soft_cap: float | None = None) -> torch.Tensor:
+def dense_reference(
+    batch: Batch, scale: float, sliding_window: int | None = None, soft_cap: float | None = None,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Plain float64 causal attention, request by request, over the unpaged sequences (logits
-    soft-capped to ``soft_cap * tanh(logit / soft_cap)`` when given)."""
+    soft-capped to ``soft_cap * tanh(logit / soft_cap)`` when given; with ``sinks [heads]`` each
+    head's softmax denominator gains ``exp(sink)``)."""
     outs = []
     rep = HEADS // KV_HEADS
     for q, k, v, ctx in zip(batch.queries, batch.full_k, batch.full_v, batch.context_lens):
@@ -101,7 +105,13 @@ def dense_reference(batch: Batch, scale: float, sliding_window: int | None = Non
         if soft_cap is not None:
             scores = torch.tanh(scores / soft_cap) * soft_cap
         scores = scores.masked_fill(~allowed, float("-inf"))
-        outs.append(torch.einsum("hqk,khd->qhd", scores.softmax(-1), v))
+        if sinks is None:
+            probs = scores.softmax(-1)
+        else:
+            exp = (scores - scores.amax(-1, keepdim=True)).exp()
+            sink = (sinks.double().view(-1, 1, 1) - scores.amax(-1, keepdim=True)).exp()
+            probs = exp / (exp.sum(-1, keepdim=True) + sink)
+        outs.append(torch.einsum("hqk,khd->qhd", probs, v))
     return torch.cat(outs)
 
 
@@ -324,7 +334,7 @@ def test_compiled_decode_kernel_head_sizes(head_size, heads) -> None:
     table = torch.randperm(blocks - 1, generator=gen)[: reqs * per].add(1).view(reqs, per).to(torch.int32)
     lens = torch.tensor([length, 17, 1], dtype=torch.int32)
     q = torch.randn(reqs, heads, head_size, generator=gen)
-    out = k.paged_decode(q, kc, vc, table, lens, 0.1, 0, 0.0)
+    out = k.paged_decode(q, kc, vc, table, lens, 0.1, 0, 0.0, None)
     for r in range(reqs):
         n = int(lens[r])
         keys = kc[table[r].long()].reshape(-1, kv_heads, head_size)[:n].double()
@@ -352,7 +362,7 @@ def test_logit_soft_capping_in_the_compiled_kernel_and_the_torch_path(window) ->
         md = TorchPagedAttentionMetadataBuilder(CpuPagedAttentionBackend, "cpu").build(batch.common)
         impl = CpuPagedAttentionBackend.get_impl_cls()(HEADS, HEAD_SIZE, scale, KV_HEADS, window, logits_soft_cap=cap)
         calls = []
-        impl._decode_kernel = lambda *a: calls.append(a[-1]) or kernel(*a)
+        impl._decode_kernel = lambda *a: calls.append(a[7]) or kernel(*a)
         out = impl.forward(batch.query, batch.key, batch.value, batch.kv_cache.clone(), md)
         torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
         assert calls == ([cap] if layout is MIXED else []), "decode rows go through the kernel, with the cap"
@@ -374,3 +384,46 @@ def test_backends_that_cannot_soft_cap_refuse_it() -> None:
         TritonPagedAttentionImpl(8, 64, 0.125, 2, None, logits_soft_cap=50.0)
     with pytest.raises(ValueError, match="logits_soft_cap=-1.0 must be a positive number"):
         CpuPagedAttentionBackend.get_impl_cls()(8, 64, 0.125, 2, None, logits_soft_cap=-1.0)
+
+
+@pytest.mark.parametrize("window", [None, 7])
+def test_attention_sinks_in_the_compiled_kernel_and_the_torch_path(window) -> None:
+    """Attention sinks (gpt-oss): decode rows through the compiled kernel (split into spans when
+    the batch is small), folded decode-like groups, long prefills, chunks and a fresh
+    equal-length prompt pair (the ``is_causal`` group) through torch; all equal the dense
+    reference with the sinks in the denominator, which differs visibly from the one without."""
+    from host.plugins.builtin_cpu.kernels import paged_decode_kernel
+
+    kernel = paged_decode_kernel()
+    assert kernel is not None
+    scale = 1 / math.sqrt(HEAD_SIZE)
+    sinks = torch.linspace(-2.0, 3.0, HEADS)
+    for layout in (MIXED, [(0, 9), (0, 9)], [(300, 1)]):
+        batch = make_batch(layout, 4)
+        ref = dense_reference(batch, scale, sliding_window=window, sinks=sinks)
+        assert (ref - dense_reference(batch, scale, sliding_window=window)).abs().max() > 1e-2
+        md = TorchPagedAttentionMetadataBuilder(CpuPagedAttentionBackend, "cpu").build(batch.common)
+        impl = CpuPagedAttentionBackend.get_impl_cls()(HEADS, HEAD_SIZE, scale, KV_HEADS, window, sinks=sinks)
+        calls = []
+        impl._decode_kernel = lambda *a: calls.append(a[8]) or kernel(*a)
+        out = impl.forward(batch.query, batch.key, batch.value, batch.kv_cache.clone(), md)
+        torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+        assert len(calls) == (0 if layout[0] == (0, 9) else 1), "decode rows go through the kernel"
+        assert all(c is not None and torch.equal(c, sinks) for c in calls), "with the sinks"
+        impl._decode_kernel = None
+        out_torch = impl.forward(batch.query, batch.key, batch.value, batch.kv_cache.clone(), md)
+        torch.testing.assert_close(out_torch.double(), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_backends_without_sinks_refuse_them() -> None:
+    """The capability is declared (selection skips a backend without it) and an impl without it
+    refuses the layer at construction, naming the fix; a sinks tensor of the wrong size is refused."""
+    from host.plugins.triton_ops.attention import TritonPagedAttentionBackend, TritonPagedAttentionImpl
+
+    assert CpuPagedAttentionBackend.supports_combination(AttentionRequirements("cpu", "float32", 64, 16, sinks=True)) is None
+    gpu = AttentionRequirements("cuda", "bfloat16", 64, 16, sinks=True)
+    assert "attention sinks are not supported" in TritonPagedAttentionBackend.supports_combination(gpu)
+    with pytest.raises(ValueError, match="cannot add attention sinks.*torch_paged"):
+        TritonPagedAttentionImpl(8, 64, 0.125, 2, None, sinks=torch.zeros(8))
+    with pytest.raises(ValueError, match=r"one sink logit per query head, \(8,\)"):
+        CpuPagedAttentionBackend.get_impl_cls()(8, 64, 0.125, 2, None, sinks=torch.zeros(4))
