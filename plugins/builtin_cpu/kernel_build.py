@@ -16,7 +16,7 @@ import os
 import subprocess
 import tempfile
 
-SOURCES = ("quant_linear.cpp", "llama_decode.cpp", "elementwise.cpp", "paged_decode.cpp", "linear_small_m.cpp")
+SOURCES = ("quant_linear.cpp", "llama_decode.cpp", "elementwise.cpp", "paged_decode.cpp", "fused_moe.cpp", "linear_small_m.cpp")
 """The C++ translation units (package data under ``csrc/``), each compiled on its own; the longest
 to compile first, so ninja starts them first."""
 HEADERS = ("host_cpu.h", "vector_math.h")
@@ -27,7 +27,7 @@ BINDINGS = "bindings.cpp"
 FUNCTIONS = (
     "paged_decode", "linear_small_m", "gguf_linear", "gguf_linear_q8", "quantize_q8", "int8_linear", "kernels_isa",
     "rms_norm", "fused_add_rms_norm_", "rotary_neox_", "silu_and_mul", "llama_decode_plan", "llama_decode_step",
-    "llama_decode_release",
+    "llama_decode_release", "fused_moe",
 )
 """The C++ functions the module binds under their own names."""
 

@@ -69,7 +69,7 @@ from host.plugins.builtin_cpu.kernel_build import (
 logger = logging.getLogger("host.cpu")
 
 
-JIT_MODULE_NAME = "host_cpu_kernels_v11"
+JIT_MODULE_NAME = "host_cpu_kernels_v12"
 """The first-use build's module name (torch keeps its build folder under this name)."""
 
 

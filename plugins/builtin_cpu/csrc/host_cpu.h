@@ -38,6 +38,10 @@
 torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                            torch::Tensor block_table, torch::Tensor seq_lens, double scale,
                            int64_t window, double softcap, c10::optional<torch::Tensor> sinks);
+// fused_moe.cpp
+torch::Tensor fused_moe(torch::Tensor x, torch::Tensor w13, torch::Tensor w2, torch::Tensor topk_weights,
+                        torch::Tensor topk_ids, int64_t activation, c10::optional<torch::Tensor> w13_bias,
+                        c10::optional<torch::Tensor> w2_bias, double alpha, double limit);
 // linear_small_m.cpp
 torch::Tensor linear_small_m(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias);
 // quant_linear.cpp
