@@ -179,6 +179,15 @@ class GGUFMoEMethod(MoEMethod):
         layer.register_buffer("gguf_w2", down, persistent=False)
         layer.gguf_w13_qtype, layer.gguf_w2_qtype = gate_t, down_t
 
+    def slot_tensors(self, layer: Any) -> list[torch.Tensor]:
+        """The tensors with one row per local expert slot (the blocks as stored, and the biases):
+        what EPLB moves when a slot gets another expert."""
+        if layer.gguf_float:
+            tensors = [layer.w13.data, layer.w2.data]
+        else:
+            tensors = [layer.gguf_w13, layer.gguf_w2] + ([layer.gguf_w3] if layer.gguf_w3 is not None else [])
+        return tensors + [t.data for t in (layer.w13_bias, layer.w2_bias) if t is not None]
+
     def apply(self, layer: Any, x: torch.Tensor, weights: torch.Tensor, local_ids: torch.Tensor) -> torch.Tensor:
         if layer.gguf_float:
             return fused_experts(x, layer.w13, layer.w2, weights, local_ids, layer.activation, layer.w13_bias,

@@ -209,3 +209,20 @@ def test_experts_dequantized_when_the_plan_keeps_them_float(tmp_path) -> None:
     assert layer.method is None and layer.w13.dtype == torch.float32
     ids = _ids(30, seed=2)
     assert (_logits(model, ids) - hf(ids[None]).logits[0].float()).abs().max().item() < 1e-3
+
+
+def test_eplb_moves_quantized_experts_as_stored(tmp_path) -> None:
+    """--enable-eplb on Q8_0 experts kept in blocks, two redundant slots, a rearrangement every
+    3 steps: the block rows move with their experts and the greedy tokens stay transformers'."""
+    hf = _hf("qwen3moe")
+    path = str(write_moe_gguf(tmp_path / "q.gguf", hf, "qwen3moe", quantize_experts=True))
+    llm = LLM(path, skip_tokenizer_init=True, max_model_len=64, enable_eplb=True,
+              eplb_config={"window_size": 2, "step_interval": 3, "num_redundant_experts": 2, "min_improvement": 0.0})
+    prompts = [_ids(21, seed=6).tolist(), _ids(9, seed=7).tolist()]
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True))
+    layer = next(m for m in llm.engine.executor.worker.model_runner.model.modules() if isinstance(m, FusedMoE))
+    assert isinstance(layer.method, GGUFMoEMethod) and layer.num_physical == 10
+    assert llm.engine.scheduler.make_stats().eplb_stats.rearrangements >= 2
+    for out, prompt in zip(outs, prompts):
+        assert out.outputs[0].token_ids == hf_greedy(hf, prompt, 10)
