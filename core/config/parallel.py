@@ -76,6 +76,9 @@ class ParallelConfig:
     # set at start-up
     data_parallel_rank: int = 0
     distributed_init_method: str | None = None
+    # -dp N with --enable-expert-parallel: where the engines' cores agree on each step (a TCP
+    # store address, tcp://HOST:PORT), chosen by the front end for all of them
+    data_parallel_sync_addr: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
@@ -94,6 +97,11 @@ class ParallelConfig:
         self.eplb = EPLBConfig.from_value(self.eplb)
         if self.enable_eplb and not self.enable_expert_parallel and self.eplb.num_redundant_experts == 0 and self.world_size > 1:
             raise ValueError("--enable-eplb balances experts across expert-parallel ranks; add --enable-expert-parallel")
+        if self.expert_data_parallel and self.pipeline_parallel_size > 1:
+            raise ValueError(
+                "--enable-expert-parallel with -dp above 1 spreads experts over the data-parallel engines, which step "
+                "together; it does not combine with -pp above 1 (use -tp for the rest)"
+            )
         if self.distributed_executor_backend is None:
             self.distributed_executor_backend = "uniproc" if self.world_size == 1 else "mp"
         elif self.distributed_executor_backend == "uniproc" and self.world_size > 1:
@@ -106,3 +114,15 @@ class ParallelConfig:
     def world_size(self) -> int:
         """Worker ranks of one engine: tensor x pipeline parallel size."""
         return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def expert_data_parallel(self) -> bool:
+        """``-dp N --enable-expert-parallel`` (N > 1): the experts spread over every engine's ranks,
+        whose workers then form one ``torch.distributed`` world and whose engines step together."""
+        return self.enable_expert_parallel and self.data_parallel_size > 1
+
+    @property
+    def distributed_world_size(self) -> int:
+        """Ranks of the ``torch.distributed`` world a worker joins: its engine's, or every
+        engine's with :attr:`expert_data_parallel`."""
+        return self.world_size * (self.data_parallel_size if self.expert_data_parallel else 1)

@@ -28,6 +28,7 @@ DEFAULT_TIMEOUT = datetime.timedelta(minutes=10)
 _TP: GroupCoordinator | None = None
 _PP: GroupCoordinator | None = None
 _EPLB: GroupCoordinator | None = None  # --enable-eplb: the expert ranks again, as a process group of its own
+_EP: GroupCoordinator | None = None  # -dp N --enable-expert-parallel: every engine's ranks at this stage
 
 
 def init_distributed(
@@ -43,9 +44,13 @@ def init_distributed(
 
     ``backend`` is the platform's device backend (``gloo`` on CPU, ``nccl`` on CUDA); object
     collectives and barriers always use gloo."""
-    global _TP, _PP, _EPLB
-    tp, pp = parallel_config.tensor_parallel_size, parallel_config.pipeline_parallel_size
-    world = tp * pp
+    global _TP, _PP, _EPLB, _EP
+    tp, pp, dp = parallel_config.tensor_parallel_size, parallel_config.pipeline_parallel_size, 1
+    expert_dp = bool(getattr(parallel_config, "expert_data_parallel", False))
+    if expert_dp:  # one world for every engine's workers: this engine's ranks come after the engines before
+        dp = parallel_config.data_parallel_size
+        rank = parallel_config.data_parallel_rank * tp * pp + rank
+    world = tp * pp * dp
     if world == 1:
         return
     if not dist.is_initialized():
@@ -55,19 +60,23 @@ def init_distributed(
             backend=backend, init_method=parallel_config.distributed_init_method,
             world_size=world, rank=rank, timeout=timeout,
         )
-    groups = rank_grid(world, tp, pp)
+    groups = rank_grid(world, tp, pp, dp, moe=expert_dp)
     _TP = GroupCoordinator(groups["tp"], rank, local_rank, backend, "tp", device)
     _PP = GroupCoordinator(groups["pp"], rank, local_rank, backend, "pp", device)
+    if expert_dp:
+        _EP = GroupCoordinator(groups["ep"], rank, local_rank, backend, "ep", device)
     if getattr(parallel_config, "enable_eplb", False):
-        # the same ranks as the expert-parallel (here: tensor-parallel) group, but separate process
-        # groups, so that moving weights never interleaves with the forward's collectives (seed §8.1)
-        _EPLB = GroupCoordinator(groups["tp"], rank, local_rank, backend, "eplb", device)
-    if backend == "gloo":  # CPU ranks: the same-host shared-memory all-reduce (off with HOST_SHM_ALLREDUCE=0)
+        # the same ranks as the expert-parallel group (the tensor-parallel one within an engine), but
+        # separate process groups, so that moving weights never interleaves with the forward's
+        # collectives (seed §8.1)
+        _EPLB = GroupCoordinator(groups["ep" if expert_dp else "tp"], rank, local_rank, backend, "eplb", device)
+    if backend == "gloo" and not expert_dp:  # CPU ranks: the same-host shared-memory all-reduce (off with HOST_SHM_ALLREDUCE=0)
         from host.core.distributed.shm_all_reduce import install_shm_all_reduce
 
         install_shm_all_reduce(_TP)
     if rank == 0:
-        logger.info("Distributed: world %d, tensor parallel groups %s, pipeline parallel groups %s", world, groups["tp"], groups["pp"])
+        logger.info("Distributed: world %d, tensor parallel groups %s, pipeline parallel groups %s%s", world, groups["tp"],
+                    groups["pp"], f", expert parallel groups {groups['ep']}" if expert_dp else "")
 
 
 def model_parallel_initialized() -> bool:
@@ -84,6 +93,12 @@ def get_pp_group() -> GroupCoordinator:
     return _PP if _PP is not None else GroupCoordinator.single("pp")
 
 
+def get_ep_group() -> GroupCoordinator | None:
+    """The expert-parallel group spanning the data-parallel engines (``-dp N
+    --enable-expert-parallel``), else ``None`` (expert parallelism, if on, uses the TP group)."""
+    return _EP
+
+
 def get_eplb_group() -> GroupCoordinator:
     """The load balancer's group (``--enable-eplb``; a one-rank group otherwise)."""
     return _EPLB if _EPLB is not None else GroupCoordinator.single("eplb")
@@ -91,10 +106,10 @@ def get_eplb_group() -> GroupCoordinator:
 
 def destroy_distributed() -> None:
     """Tear the groups down (each: fast communicator, device group, CPU group), then the world."""
-    global _TP, _PP, _EPLB
-    for group in (_EPLB, _PP, _TP):
+    global _TP, _PP, _EPLB, _EP
+    for group in (_EPLB, _EP, _PP, _TP):
         if group is not None:
             group.destroy()
-    _TP = _PP = _EPLB = None
+    _TP = _PP = _EPLB = _EP = None
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -244,7 +244,10 @@ class SyncMPClient:
             return
         self._closed = True
         if self._proc.dead_reason() is None:
-            self._to_engine.send(encoder.encode(Shutdown()))
+            try:  # never blocks: an engine that already left (-dp engines stop together) takes nothing
+                self._to_engine.send(encoder.encode(Shutdown()), flags=zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
         self._proc.stop()
         self._ctx.destroy(linger=0)
 
@@ -380,8 +383,8 @@ class AsyncMPClient:
             return
         self._closed = True
         if self._proc.dead_reason() is None:
-            try:
-                await self._to_engine.send(encoder.encode(Shutdown()))
+            try:  # never blocks: an engine that already left (-dp engines stop together) takes nothing
+                await self._to_engine.send(encoder.encode(Shutdown()), flags=zmq.NOBLOCK)
             except zmq.ZMQError:
                 pass
         await asyncio.to_thread(self._proc.stop)

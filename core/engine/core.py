@@ -43,6 +43,13 @@ class EngineCore:
         self.config = config
         self._resolve_quantization()
         self._check_pipeline_stages()
+        # -dp N --enable-expert-parallel: the engines step together (core/engine/dp_step_sync.py)
+        self.dp_step_sync: Any = None
+        if getattr(config.parallel, "expert_data_parallel", False):
+            from host.core.engine.dp_step_sync import DataParallelStepSync
+
+            self.dp_step_sync = DataParallelStepSync(config.parallel)
+            config.scheduler.async_scheduling = False  # one step at a time, in step with the other engines
         # the KV connector's scheduler role comes first: it may settle settings (a side-channel
         # port) in config.kv_transfer that the workers' role then reads
         self.kv_connector = make_kv_connector(config, KVConnectorRole.SCHEDULER)
@@ -248,11 +255,27 @@ class EngineCore:
 
     def _step_sync(self) -> EngineCoreOutputs:
         scheduler_output = self.scheduler.schedule()
+        if self.dp_step_sync is not None and self.dp_step_sync.any_forward(scheduler_output.total_num_scheduled_tokens > 0):
+            if scheduler_output.total_num_scheduled_tokens == 0:
+                self.execute_dummy_batch()
         if scheduler_output.total_num_scheduled_tokens == 0:
             return self.idle_step(scheduler_output)
         self.attach_grammar_bitmask(scheduler_output)
         runner_output = self.executor.execute_model(scheduler_output)
         return self.update_from_output(scheduler_output, runner_output)
+
+    def execute_dummy_batch(self) -> None:
+        """A one-token forward with no request (``-dp N --enable-expert-parallel``): this engine's
+        workers join the MoE collectives of the engines that run a step."""
+        self.executor.collective_rpc("execute_dummy_batch")
+
+    def idle_turn(self) -> None:
+        """An engine with no request while another engine steps (``-dp N
+        --enable-expert-parallel``): it agrees on the step's forward and runs a dummy one if any
+        engine runs a real one."""
+        assert self.dp_step_sync is not None
+        if self.dp_step_sync.any_forward(False):
+            self.execute_dummy_batch()
 
     def idle_step(self, scheduler_output: SchedulerOutput) -> EngineCoreOutputs:
         """A step that computes nothing: the runner drops finished / preempted requests, and

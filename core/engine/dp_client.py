@@ -98,8 +98,26 @@ def engine_config(config: Any, rank: int) -> Any:
     cfg = copy.copy(config)
     cfg.parallel = copy.copy(config.parallel)
     cfg.parallel.data_parallel_rank = rank
-    cfg.parallel.distributed_init_method = None
+    if not cfg.parallel.expert_data_parallel:
+        cfg.parallel.distributed_init_method = None
     return cfg
+
+
+def share_expert_parallel_addresses(config: Any) -> None:
+    """``-dp N --enable-expert-parallel``: one ``torch.distributed`` world for every engine's
+    workers and one store where the engines agree on each step, at addresses chosen here once
+    for all engines (free local ports)."""
+    if not config.parallel.expert_data_parallel:
+        return
+    import socket
+
+    def free_port() -> int:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            return sock.getsockname()[1]
+
+    config.parallel.distributed_init_method = f"tcp://127.0.0.1:{free_port()}"
+    config.parallel.data_parallel_sync_addr = f"tcp://127.0.0.1:{free_port()}"
 
 
 def _combine(method: str, results: list[Any]) -> Any:
@@ -164,6 +182,7 @@ class DPAsyncMPClient:
         """Start ``config.parallel.data_parallel_size`` engine processes at once and wait until
         all are up; if one fails, the others are stopped and :class:`EngineStartupError` names it."""
         size = config.parallel.data_parallel_size
+        share_expert_parallel_addresses(config)
         started = await asyncio.gather(
             *(AsyncMPClient.start(engine_config(config, rank), startup_timeout) for rank in range(size)),
             return_exceptions=True,
@@ -268,6 +287,7 @@ class DPSyncMPClient:
 
     def __init__(self, config: Any, startup_timeout: float = 600.0) -> None:
         size = config.parallel.data_parallel_size
+        share_expert_parallel_addresses(config)
         with ThreadPoolExecutor(size, thread_name_prefix="host-dp-start") as pool:  # the engines start at once
             futures = [pool.submit(SyncMPClient, engine_config(config, rank), startup_timeout) for rank in range(size)]
         started = [f.result() for f in futures if f.exception() is None]

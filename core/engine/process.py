@@ -33,6 +33,7 @@ from host.contracts.messages import (
     encoder,
     to_engine_decoder,
 )
+from host.core.engine.dp_step_sync import IDLE_POLL_S
 
 logger = logging.getLogger("host.engine")
 
@@ -111,16 +112,29 @@ class EngineCoreProc:
         poller = zmq.Poller()
         poller.register(self.input, zmq.POLLIN)
         self._last_send = time.monotonic()
-        while self.running:
+        sync = self.engine.dp_step_sync
+        wait_s = IDLE_POLL_S if sync is not None else HEARTBEAT_INTERVAL_S  # in step: idle engines poll
+        while self.running or sync is not None:
             if time.monotonic() - self._last_send >= HEARTBEAT_INTERVAL_S:
                 self._send(EngineCoreOutputs(heartbeat=True))  # idle (or between long steps)
-            events = dict(poller.poll(0 if self._busy() else int(HEARTBEAT_INTERVAL_S * 1000)))
+            events = dict(poller.poll(0 if self.running and self._busy() else int(wait_s * 1000)))
             while self.input in events:
                 self._handle(self.input.recv())
                 events = dict(poller.poll(0))
             try:
                 self.engine.executor.check_health()  # a dead worker process (mp, ray) ends the engine
-                if self.running and self._busy():
+                busy = self.running and self._busy()
+                if sync is not None:
+                    # the engines' turn: all stop together (none waits on one gone), and one with
+                    # nothing to run joins the forward of one that steps
+                    any_busy, any_stopping = sync.turn(busy, stopping=not self.running)
+                    if any_stopping:
+                        self.running = False
+                        break
+                    if any_busy and not busy:
+                        self.engine.idle_turn()
+                        continue
+                if busy:
                     # sent every step, outputs or not: the stats feed the server's metrics
                     self._send(self.engine.step())
             except Exception as exc:

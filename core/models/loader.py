@@ -243,7 +243,7 @@ def _shard_kwargs(model_cls: type, parallel_config: Any) -> dict[str, Any]:
     if parallel_config is None:
         return {}
     redundant = parallel_config.eplb.num_redundant_experts if parallel_config.enable_eplb else 0
-    if parallel_config.world_size == 1:
+    if parallel_config.distributed_world_size == 1:
         if not redundant or not _accepts(model_cls, "shard"):
             return {}
         from host.core.models.parallel_layers import ModelShard

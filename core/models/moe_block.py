@@ -57,9 +57,16 @@ class SparseMoeBlock(nn.Module):
         super().__init__()
         prefix = f"model.layers.{layer_idx}.mlp"
         self.gate = nn.Linear(config.hidden_size, num_experts, bias=router_bias, dtype=dtype)
-        ep = shard.expert_parallel and shard.tp_size > 1
+        # across data-parallel engines (-dp N --enable-expert-parallel) the tokens differ per rank:
+        # forward gathers them all, each rank runs its experts, and the sum comes back per rank
+        self.ep_group = shard.ep_group
+        ep = shard.expert_parallel and (shard.tp_size > 1 or self.ep_group is not None)
+        ep_rank, ep_size = (
+            (self.ep_group.rank_in_group, self.ep_group.world_size) if self.ep_group is not None
+            else (shard.tp_rank, shard.tp_size) if ep else (0, 1)
+        )
         reduce = None
-        if shard.tp_size > 1 and shard.from_groups:
+        if shard.tp_size > 1 and shard.from_groups and self.ep_group is None:
             from host.core.distributed.parallel_state import get_tp_group
 
             reduce = get_tp_group().all_reduce
@@ -67,8 +74,8 @@ class SparseMoeBlock(nn.Module):
         self.experts = FusedMoE(
             num_experts, top_k, config.hidden_size, moe_intermediate_size, dtype,
             router=router, activation=activation, bias=expert_bias, alpha=alpha, limit=limit,
-            tp_rank=shard.tp_rank, tp_size=shard.tp_size,
-            ep_rank=shard.tp_rank if ep else 0, ep_size=shard.tp_size if ep else 1,
+            tp_rank=shard.tp_rank if self.ep_group is None else 0, tp_size=shard.tp_size if self.ep_group is None else 1,
+            ep_rank=ep_rank, ep_size=ep_size,
             num_redundant=shard.num_redundant_experts, reduce=reduce, method=method, layer_name=prefix,
         )
         self.shared_expert = (
@@ -80,13 +87,28 @@ class SparseMoeBlock(nn.Module):
         self.shared_expert_gate = nn.Linear(config.hidden_size, 1, bias=False, dtype=dtype) if shared_expert_gate else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.experts(x, self.gate(x))
+        out = self.experts(x, self.gate(x)) if self.ep_group is None else self._across_engines(x)
         if self.shared_expert is not None:
             shared = self.shared_expert(x)
             if self.shared_expert_gate is not None:
                 shared = torch.sigmoid(self.shared_expert_gate(x)) * shared
             out = out + shared
         return out
+
+
+    def _across_engines(self, x: torch.Tensor) -> torch.Tensor:
+        """Dispatch and combine over the expert-parallel group spanning the data-parallel engines:
+        every rank's tokens gathered (padded to the longest rank's count), this rank's experts
+        run over all of them, the partial sums all-reduced, and this rank's rows kept."""
+        group = self.ep_group
+        counts = group.all_gather(torch.tensor([x.shape[0]], dtype=torch.int64), dim=0).tolist()
+        longest = max(counts)
+        padded = torch.zeros(longest, x.shape[1], dtype=x.dtype, device=x.device)
+        padded[: x.shape[0]] = x
+        every = group.all_gather(padded, dim=0)
+        out = group.all_reduce(self.experts(every, self.gate(every)))
+        start = group.rank_in_group * longest
+        return out[start : start + x.shape[0]]
 
 
 class MoEForCausalLM(LlamaForCausalLM):

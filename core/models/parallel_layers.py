@@ -457,16 +457,21 @@ class ModelShard:
         self.from_groups = from_groups
         self.expert_parallel = expert_parallel
         self.num_redundant_experts = num_redundant_experts
+        # -dp N --enable-expert-parallel: the group spanning every engine's ranks (None: the
+        # experts split over this engine's tensor-parallel ranks, if at all)
+        self.ep_group: Any = None
 
     @classmethod
     def current(
         cls, pp_layer_partition: list[int] | None = None, *, expert_parallel: bool = False, num_redundant_experts: int = 0
     ) -> "ModelShard":
-        from host.core.distributed.parallel_state import get_pp_group
+        from host.core.distributed.parallel_state import get_ep_group, get_pp_group
 
         tp, pp = get_tp_group(), get_pp_group()
-        return cls(tp.rank_in_group, tp.world_size, pp.rank_in_group, pp.world_size, pp_layer_partition, from_groups=True,
-                   expert_parallel=expert_parallel, num_redundant_experts=num_redundant_experts)
+        shard = cls(tp.rank_in_group, tp.world_size, pp.rank_in_group, pp.world_size, pp_layer_partition, from_groups=True,
+                    expert_parallel=expert_parallel, num_redundant_experts=num_redundant_experts)
+        shard.ep_group = get_ep_group() if expert_parallel else None
+        return shard
 
     def tp_kwargs(self) -> dict[str, int]:
         """Keyword arguments for the layers: none when the groups decide (collectives on)."""

@@ -364,6 +364,20 @@ class ModelRunner:
                               top_k=torch.full((rows,), 50, dtype=torch.int64), top_p=torch.full((rows,), 0.9))
         self.sampler(logits, md)
 
+    @torch.inference_mode()
+    def execute_dummy_batch(self) -> None:
+        """A one-token forward with no request and no KV cache (attention metadata ``None``):
+        with ``-dp N --enable-expert-parallel`` an engine with nothing to run still joins the MoE
+        layers' collectives of the engines that run a step. It counts as a step for EPLB, which
+        every rank must count alike."""
+        input_ids = torch.zeros(1, dtype=torch.int64, device=self.device)
+        positions = torch.zeros(1, dtype=torch.int64, device=self.device)
+        no_cache = [torch.empty(0, dtype=self.dtype, device=self.device)] * self.num_layers
+        with set_forward_context(ForwardContext(None, no_cache, {"attention_layers": self._attention_layers})):
+            self.model_forward(input_ids, positions)
+        if self.eplb_enabled:
+            self._eplb_step(None)
+
     # -- one step: the phases a step kind composes ---------------------------------------------
 
     def update_states(self, so: SchedulerOutput) -> bool:

@@ -80,7 +80,7 @@ class Worker:
             self.device = torch.device(self.platform.device_type, visible)
             getattr(torch, self.platform.device_type).set_device(self.device)
         torch.manual_seed(self.config.model.seed)
-        if parallel.world_size > 1:
+        if parallel.distributed_world_size > 1:
             from host.core.distributed.parallel_state import init_distributed
 
             if self.device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
@@ -171,12 +171,17 @@ class Worker:
             "weight_bytes": getattr(runner, "resident_weight_bytes", None),
         }
 
+    def execute_dummy_batch(self) -> None:
+        """A one-token forward with no request (see :meth:`ModelRunner.execute_dummy_batch`)."""
+        assert self.model_runner is not None
+        self.model_runner.execute_dummy_batch()
+
     def shutdown(self) -> None:
         connector = getattr(self.model_runner, "kv_connector", None)
         if connector is not None:
             connector.shutdown()
         self.model_runner = None
-        if self.config.parallel.world_size > 1:
+        if self.config.parallel.distributed_world_size > 1:
             from host.core.distributed.parallel_state import destroy_distributed
 
             destroy_distributed()

@@ -106,3 +106,24 @@ def test_expert_parallel_over_ray_matches_one_rank(qwen3_moe) -> None:
                                enable_expert_parallel=True), one_rank)
     finally:
         ray.shutdown()
+
+
+def test_dp2_expert_parallel_spreads_experts_over_the_engines(qwen3_moe) -> None:
+    """-dp 2 --enable-expert-parallel: each engine's worker holds half the experts and the two
+    engines step together (an engine without requests runs one-token dummy forwards while the
+    other steps); every request's greedy tokens and logprobs equal the one-rank engine's."""
+    path, one_rank = qwen3_moe
+    from host import LLM, SamplingParams
+
+    llm = LLM(path, skip_tokenizer_init=True, max_model_len=96, max_num_batched_tokens=8, max_num_seqs=4,
+              enable_prefix_caching=True, enable_chunked_prefill=True, data_parallel_size=2, enable_expert_parallel=True)
+    try:
+        params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=1)
+        got = []
+        for batch in (PROMPTS[:1], PROMPTS):  # one request: the other engine only runs dummy forwards
+            for out in llm.generate([{"prompt_token_ids": p} for p in batch], params):
+                comp = out.outputs[0]
+                got.append((list(comp.token_ids), [pos[t].logprob for t, pos in zip(comp.token_ids, comp.logprobs)]))
+    finally:
+        llm.shutdown()
+    _assert_same(got, one_rank)
