@@ -71,9 +71,11 @@ def test_list_json_shows_builtins_with_groups_and_processes(builtin_plugins_list
     assert ("host.platforms", "cuda") in rows and ("host.platforms", "rocm") in rows
     assert rows[("host.executors", "uniproc")]["processes"] == ["engine"]
     assert rows[("host.endpoints", "builtin_endpoints")]["processes"] == ["api"]
-    from host.plugins.builtin_models import ARCHITECTURES
+    from host.plugins.builtin_models import ARCHITECTURES, EPLB_POLICIES
 
-    assert rows[("host.models", "builtin_models")]["registered"] == [f"models:{arch}" for arch in ARCHITECTURES]
+    assert sorted(rows[("host.models", "builtin_models")]["registered"]) == sorted(
+        [f"models:{arch}" for arch in ARCHITECTURES] + [f"eplb_policies:{name}" for name in EPLB_POLICIES]
+    )
     assert "models:LlamaForCausalLM" in rows[("host.models", "builtin_models")]["registered"]
 
 

@@ -25,6 +25,7 @@ def test_collectors_are_every_register_hook_with_its_kind():
         "host_register_tool_parsers": "tool_parsers",
         "host_register_reasoning_parsers": "reasoning_parsers",
         "host_register_models": "models",
+        "host_register_eplb_policies": "eplb_policies",
     }
     assert set(COLLECTORS) == {h for h in all_hook_names() if h.startswith("host_register_")}
     assert REGISTRY_HOOK["quantization_methods"] == "host_register_quantization_methods"
