@@ -167,7 +167,7 @@ class EngineArgs:
         help="layers per pipeline stage, e.g. 10,14 for -pp 2", parse="int_list", default_text="as even as possible"
     )
     enable_expert_parallel: bool = flag(
-        False, help="mixture-of-experts models: split whole experts over the tensor-parallel ranks instead of each expert (docs/moe.md)"
+        False, help="mixture-of-experts models: split whole experts over the tensor-parallel ranks (and the -dp engines) instead of each expert (docs/moe.md)"
     )
     enable_eplb: bool = flag(
         False, help="mixture-of-experts models: rebalance experts over the ranks by their recorded load (docs/moe.md)"
