@@ -12,11 +12,14 @@
 // 3. Down: (expert, 4 hidden rows) items read their 4 rows of w2 once for every token of the
 //    expert -> y[choice, H], scaled by the routing weight.
 // 4. Each token sums its choices' rows in ascending expert order (the reference's order).
+// An expert with many token-choices (a prefill) runs as two GEMMs of its gathered rows instead.
 // Every expert's weights are streamed from memory once per call, whatever its token count.
 
 #include "host_cpu.h"
 
 namespace {
+
+constexpr int64_t kGemmTokens = 48;  // an expert with this many token-choices or more: GEMMs
 
 inline float act_scalar(float g, float u, int64_t activation, float alpha, float limit) {
   if (activation == 0) return g / (1.f + std::exp(-g)) * u;
@@ -64,10 +67,11 @@ torch::Tensor fused_moe(torch::Tensor x, torch::Tensor w13, torch::Tensor w2, to
   auto wts_c = topk_weights.contiguous();
   const int64_t T = x.size(0), H = x.size(1), E = w13.size(0), I2 = w13.size(1), I = I2 / 2, k = topk_ids.size(1);
   TORCH_CHECK(w13.size(2) == H && w2.size(0) == E && w2.size(1) == H && w2.size(2) == I, "fused_moe: weight shapes");
-  const float* b13 = nullptr;
-  const float* b2 = nullptr;
-  if (w13_bias.has_value() && w13_bias->defined()) b13 = w13_bias->contiguous().data_ptr<float>();
-  if (w2_bias.has_value() && w2_bias->defined()) b2 = w2_bias->contiguous().data_ptr<float>();
+  torch::Tensor b13_t, b2_t;  // kept alive while the raw pointers below are used
+  if (w13_bias.has_value() && w13_bias->defined()) b13_t = w13_bias->contiguous().to(torch::kFloat32);
+  if (w2_bias.has_value() && w2_bias->defined()) b2_t = w2_bias->contiguous().to(torch::kFloat32);
+  const float* b13 = b13_t.defined() ? b13_t.data_ptr<float>() : nullptr;
+  const float* b2 = b2_t.defined() ? b2_t.data_ptr<float>() : nullptr;
   auto out = torch::zeros({T, H}, x.options());
   if (T == 0) return out;
   const int32_t* ids = ids_c.data_ptr<int32_t>();
@@ -95,11 +99,16 @@ torch::Tensor fused_moe(torch::Tensor x, torch::Tensor w13, torch::Tensor w2, to
       sorted_of[c] = s;
     }
   }
-  std::vector<int64_t> hit;
-  for (int64_t e = 0; e < E; ++e)
-    if (start[e + 1] > start[e]) hit.push_back(e);
+  // experts with many tokens (prefill) go through two GEMMs each (oneDNN, parallel inside), the
+  // rest through the streaming items below
+  std::vector<int64_t> hit, large;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t M = start[e + 1] - start[e];
+    if (M >= kGemmTokens) large.push_back(e);
+    else if (M > 0) hit.push_back(e);
+  }
   const int64_t nh = static_cast<int64_t>(hit.size());
-  if (nh == 0) return out;
+  if (nh == 0 && large.empty()) return out;
 
   const float* xp = x.data_ptr<float>();
   const float* w13p = w13.data_ptr<float>();
@@ -167,6 +176,29 @@ torch::Tensor fused_moe(torch::Tensor x, torch::Tensor w13, torch::Tensor w2, to
         }
     }
   });
+
+  // 2-3 for the large experts: gathered rows, two GEMMs, the activation in between
+  if (!large.empty()) {
+    auto token_t = torch::from_blob(token.data(), {C}, torch::kInt64);
+    auto weight_t = torch::from_blob(weight.data(), {C}, torch::kFloat32);
+    auto act_t = torch::from_blob(act.data(), {C, I}, torch::kFloat32);
+    auto y_t = torch::from_blob(y.data(), {C, H}, torch::kFloat32);
+    for (int64_t e : large) {
+      const int64_t s0 = start[e], M = start[e + 1] - s0;
+      auto rows = x.index_select(0, token_t.narrow(0, s0, M));
+      auto h = torch::matmul(rows, w13[e].t());
+      if (b13) h.add_(b13_t.select(0, e));
+      const float* hp = h.data_ptr<float>();
+      float* ap = act.data() + s0 * I;
+      at::parallel_for(0, M, 8, [&](int64_t b, int64_t en) {
+        for (int64_t m = b; m < en; ++m)
+          for (int64_t n = 0; n < I; ++n) ap[m * I + n] = act_scalar(hp[m * I2 + n], hp[m * I2 + I + n], activation, fa, fl);
+      });
+      auto d = torch::matmul(act_t.narrow(0, s0, M), w2[e].t());
+      if (b2) d.add_(b2_t.select(0, e));
+      y_t.narrow(0, s0, M).copy_(d.mul_(weight_t.narrow(0, s0, M).unsqueeze(1)));
+    }
+  }
 
   // 4. each token's choices summed in ascending expert order (= ascending sorted position)
   float* op = out.data_ptr<float>();

@@ -34,7 +34,8 @@ def _case(tokens: int, experts: int, hidden: int, inter: int, top_k: int, bias: 
 
 @pytest.mark.parametrize("activation", ["silu", "gelu", "swigluoai"])
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("shape", [(9, 6, 32, 16, 2), (33, 8, 20, 10, 3), (1, 4, 64, 24, 2)])
+# the last shape gives experts 48+ token-choices each: the GEMM path (prefill)
+@pytest.mark.parametrize("shape", [(9, 6, 32, 16, 2), (33, 8, 20, 10, 3), (1, 4, 64, 24, 2), (150, 4, 24, 16, 2)])
 def test_matches_the_sorted_reference(activation: str, bias: bool, shape: tuple) -> None:
     x, w13, w2, weights, ids, b13, b2 = _case(*shape, bias)
     ref = fused_experts_sorted(x, w13, w2, weights, ids, activation, b13, b2, 1.702, 7.0)
