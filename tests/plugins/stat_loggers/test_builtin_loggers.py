@@ -129,3 +129,23 @@ def test_jsonl_sink_writes_one_line_per_record(tmp_path):
         JsonlStatLogger(StatLoggerContext(), None)
     with pytest.raises(ValueError, match="cannot open .* for appending"):
         JsonlStatLogger(StatLoggerContext(), str(tmp_path / "no" / "such" / "dir" / "x.jsonl"))
+
+
+def test_prometheus_shows_the_eplb_balancedness_and_rearrangements():
+    """--enable-eplb: the balancedness gauge follows the last report, the counters advance by the
+    totals' differences; without EPLB the families do not exist."""
+    from host.contracts.messages import EPLBStats
+
+    config = types.SimpleNamespace(model=types.SimpleNamespace(max_model_len=1024), cache=None,
+                                   parallel=types.SimpleNamespace(enable_eplb=True))
+    registry = CollectorRegistry()
+    exporter = PrometheusStatLogger(StatLoggerContext(config=config, model_name="m", metrics_prefix="vllm", registry=registry))
+    exporter.record(SchedulerStats(eplb_stats=EPLBStats()), None)  # before the first window: no value yet
+    for report in (EPLBStats(balancedness=0.62, rearrangements=1, skipped=0), EPLBStats(balancedness=0.91, rearrangements=2, skipped=3)):
+        exporter.record(SchedulerStats(eplb_stats=report), None)
+    value = {s.name: s.value for f in _families(registry).values() for s in f.samples}
+    assert value["vllm:eplb_balancedness"] == pytest.approx(0.91)
+    assert value["vllm:eplb_rearrangements_total"] == 2 and value["vllm:eplb_rearrangements_skipped_total"] == 3
+    plain = CollectorRegistry()
+    PrometheusStatLogger(StatLoggerContext(config=types.SimpleNamespace(model=None, cache=None), metrics_prefix="vllm", registry=plain))
+    assert not [n for n in _families(plain) if "eplb" in n]
