@@ -129,6 +129,21 @@ def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
+def hf_greedy_logprobs(model, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
+    """The reference: ``n`` greedy tokens from a Hugging Face model (EOS ignored) and the float32
+    log-probability of each."""
+    import torch
+
+    with torch.inference_mode():
+        out = model.generate(
+            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long), max_new_tokens=n,
+            min_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0, output_scores=True,
+            return_dict_in_generate=True,
+        )
+    tokens = out.sequences[0, len(prompt):].tolist()
+    return tokens, [torch.log_softmax(s[0].float(), -1)[t].item() for s, t in zip(out.scores, tokens)]
+
+
 def metric_total(url: str, suffix: str) -> float:
     """The sum over labels of the ``*:<suffix>`` samples a server's ``/metrics`` shows (whatever
     the prefix); fails when there is none."""

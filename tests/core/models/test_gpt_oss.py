@@ -17,7 +17,7 @@ import torch
 import transformers
 from safetensors.torch import save_file
 
-from helpers import hf_model
+from helpers import hf_greedy_logprobs, hf_model
 from host import LLM, SamplingParams
 from host.core.config import LoadConfig, ModelConfig
 from host.core.kv_cache.spec import FullAttentionSpec, SlidingWindowSpec
@@ -100,18 +100,6 @@ def test_router_is_softmax_top_k_renormalised(checkpoint) -> None:
     weights, ids = select_experts(logits, CONFIG["num_experts_per_tok"], scoring="softmax", renormalize=True)
     assert torch.equal(ids.long(), ref_ids)
     torch.testing.assert_close(weights, ref_weights.float(), atol=1e-6, rtol=1e-6)
-
-
-def hf_greedy_logprobs(model: Any, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
-    with torch.inference_mode():
-        out = model.generate(
-            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long), max_new_tokens=n,
-            min_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0, output_scores=True,
-            return_dict_in_generate=True,
-        )
-    tokens = out.sequences[0, len(prompt):].tolist()
-    logprobs = [torch.log_softmax(s[0].float(), -1)[t].item() for s, t in zip(out.scores, tokens)]
-    return tokens, logprobs
 
 
 def _engine_matches(path: str, hf: Any, backend: str | None) -> None:

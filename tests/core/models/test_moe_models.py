@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from helpers import MOE_CASES as CASES
-from helpers import hf_model, tiny_moe
+from helpers import hf_greedy_logprobs, hf_model, tiny_moe
 from host import LLM, SamplingParams
 from host.core.config import LoadConfig, ModelConfig
 from host.core.models.loader import load_model
@@ -45,18 +45,6 @@ def test_logits_match_transformers(checkpoints, case: str) -> None:
         ref = hf(ids[None]).logits[0].float()
     diff = (ours - ref).abs().max().item()
     assert diff < 1e-4, f"{case}: max |logit diff| = {diff}"
-
-
-def hf_greedy_logprobs(model: Any, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
-    with torch.inference_mode():
-        out = model.generate(
-            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long), max_new_tokens=n,
-            min_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0, output_scores=True,
-            return_dict_in_generate=True,
-        )
-    tokens = out.sequences[0, len(prompt):].tolist()
-    logprobs = [torch.log_softmax(s[0].float(), -1)[t].item() for s, t in zip(out.scores, tokens)]
-    return tokens, logprobs
 
 
 @pytest.mark.parametrize("case", list(CASES))

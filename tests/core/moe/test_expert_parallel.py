@@ -115,8 +115,8 @@ def test_dp2_expert_parallel_spreads_experts_over_the_engines(qwen3_moe) -> None
     path, one_rank = qwen3_moe
     from host import LLM, SamplingParams
 
-    llm = LLM(path, skip_tokenizer_init=True, max_model_len=96, max_num_batched_tokens=8, max_num_seqs=4,
-              enable_prefix_caching=True, enable_chunked_prefill=True, data_parallel_size=2, enable_expert_parallel=True)
+    llm = LLM(path, skip_tokenizer_init=True, max_model_len=96, max_num_seqs=4, enable_prefix_caching=True,
+              data_parallel_size=2, enable_expert_parallel=True)
     try:
         params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=1)
         got = []
