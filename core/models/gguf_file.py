@@ -11,7 +11,8 @@ with ``llama.attention.sliding_window`` is a Mistral), qwen2, qwen3, phi3 (fused
 and gate+up ``ffn_up`` tensors; LongRoPE factors stored as the ``rope_factors_long`` /
 ``rope_factors_short`` tensors become ``rope_scaling``; ``rope.dimension_count`` below the head
 size is a partial rotary factor), gemma2 and gemma3 (text), and the mixture-of-experts
-architectures qwen2moe, qwen3moe, olmoe and llama with ``llama.expert_count`` > 0 (a Mixtral).
+architectures qwen2moe, qwen3moe, olmoe, llama with ``llama.expert_count`` > 0 (a Mixtral) and
+gpt-oss.
 
 Mixture of experts: llama.cpp stacks each layer's experts into one 3-D tensor per projection
 (``blk.N.ffn_gate_exps`` / ``ffn_up_exps`` ``[E, I, H]``, ``ffn_down_exps`` ``[E, H, I]`` as numpy
@@ -24,6 +25,20 @@ gives ``expert_count``, ``expert_used_count``, ``expert_feed_forward_length`` an
 whether the top-k weights are renormalised (qwen3moe and Mixtral yes, qwen2moe and olmoe no,
 unless ``expert_weights_norm`` says), every layer sparse except those the file stores with a
 dense ``ffn_gate`` (``mlp_only_layers``), OLMoE's ``attention.clamp_kqv`` as ``clip_qkv``.
+
+gpt-oss (llama.cpp's ``GptOssModel`` converter): q/k rows are not permuted; the attention has biases
+and ``blk.N.attn_sinks.weight`` (our ``self_attn.sinks``); the norm before the MoE block is
+``post_attention_norm``; the router ``ffn_gate_inp`` has a bias; the experts' gate/up, split out of
+the checkpoint's interleaved ``gate_up_proj``, are ``ffn_gate_exps`` / ``ffn_up_exps`` with stacked
+biases ``[E, I]`` (``ffn_*_exps.bias``, given back per expert like the weights), ``ffn_down_exps``
+with ``[E, H]``. The expert weights are float or MXFP4 (GGUF type 39), which is dequantized at load
+whatever the plan keeps (no method lists it in ``kept_qtypes``: no kernel reads it yet). What
+llama.cpp hard-codes becomes config: layers alternate sliding (even) and full (odd), i.e. a
+``sliding_window_pattern`` of 2 unless the file gives one; the SwiGLU clamp ``swiglu_limit`` is
+7.0 (or ``swiglu_clamp_exp`` when the file has it); YaRN (``rope.scaling.type`` yarn, ``factor``,
+``original_context_length``, ``yarn_beta_fast`` / ``yarn_beta_slow``, ``yarn_attn_factor``) becomes
+``rope_parameters`` with ``truncate: False``, the published models' setting (the file cannot say
+it; llama.cpp itself rounds the YaRN ramp's ends to whole dimensions).
 
 Gemma: llama.cpp's converter stores each RMSNorm weight as ``1 + w`` (its norm multiplies by the
 weight), so the norms are given back as ``w`` (stored - 1, in float32), the Hugging Face
