@@ -11,7 +11,8 @@ with ``llama.attention.sliding_window`` is a Mistral), qwen2, qwen3, phi3 (fused
 and gate+up ``ffn_up`` tensors; LongRoPE factors stored as the ``rope_factors_long`` /
 ``rope_factors_short`` tensors become ``rope_scaling``; ``rope.dimension_count`` below the head
 size is a partial rotary factor), gemma2 and gemma3 (text), and the mixture-of-experts
-architectures qwen2moe, qwen3moe, olmoe and llama with ``llama.expert_count`` > 0 (a Mixtral).
+architectures qwen2moe, qwen3moe, olmoe, llama with ``llama.expert_count`` > 0 (a Mixtral) and
+gpt-oss.
 
 Mixture of experts: llama.cpp stacks each layer's experts into one 3-D tensor per projection
 (``blk.N.ffn_gate_exps`` / ``ffn_up_exps`` ``[E, I, H]``, ``ffn_down_exps`` ``[E, H, I]`` as numpy
@@ -24,6 +25,20 @@ gives ``expert_count``, ``expert_used_count``, ``expert_feed_forward_length`` an
 whether the top-k weights are renormalised (qwen3moe and Mixtral yes, qwen2moe and olmoe no,
 unless ``expert_weights_norm`` says), every layer sparse except those the file stores with a
 dense ``ffn_gate`` (``mlp_only_layers``), OLMoE's ``attention.clamp_kqv`` as ``clip_qkv``.
+
+gpt-oss (llama.cpp's ``GptOssModel`` converter): q/k rows are not permuted; the attention has biases
+and ``blk.N.attn_sinks.weight`` (our ``self_attn.sinks``); the norm before the MoE block is
+``post_attention_norm``; the router ``ffn_gate_inp`` has a bias; the experts' gate/up, split out of
+the checkpoint's interleaved ``gate_up_proj``, are ``ffn_gate_exps`` / ``ffn_up_exps`` with stacked
+biases ``[E, I]`` (``ffn_*_exps.bias``, given back per expert like the weights), ``ffn_down_exps``
+with ``[E, H]``. The expert weights are float or MXFP4 (GGUF type 39), which is dequantized at load
+whatever the plan keeps (no method lists it in ``kept_qtypes``: no kernel reads it yet). What
+llama.cpp hard-codes becomes config: layers alternate sliding (even) and full (odd), i.e. a
+``sliding_window_pattern`` of 2 unless the file gives one; the SwiGLU clamp ``swiglu_limit`` is
+7.0 (or ``swiglu_clamp_exp`` when the file has it); YaRN (``rope.scaling.type`` yarn, ``factor``,
+``original_context_length``, ``yarn_beta_fast`` / ``yarn_beta_slow``, ``yarn_attn_factor``) becomes
+``rope_parameters`` with ``truncate: False``, the published models' setting (the file cannot say
+it; llama.cpp itself rounds the YaRN ramp's ends to whole dimensions).
 
 Gemma: llama.cpp's converter stores each RMSNorm weight as ``1 + w`` (its norm multiplies by the
 weight), so the norms are given back as ``w`` (stored - 1, in float32), the Hugging Face
@@ -59,6 +74,7 @@ GGUF_ARCHITECTURES = {
     "qwen2moe": ("qwen2_moe", "Qwen2MoeForCausalLM"),
     "qwen3moe": ("qwen3_moe", "Qwen3MoeForCausalLM"),
     "olmoe": ("olmoe", "OlmoeForCausalLM"),
+    "gpt-oss": ("gpt_oss", "GptOssForCausalLM"),
 }
 # a llama file naming a sliding window is a Mistral (llama.cpp writes Mistral as arch "llama")
 _MISTRAL = ("mistral", "MistralForCausalLM")
@@ -66,6 +82,8 @@ _MISTRAL = ("mistral", "MistralForCausalLM")
 _MIXTRAL = ("mixtral", "MixtralForCausalLM")
 # whether llama.cpp renormalises the chosen experts' weights (build_moe_ffn's norm_w), per architecture
 _MOE_NORM_TOPK = {"qwen2moe": False, "qwen3moe": True, "olmoe": False, "llama": True}
+_GPT_OSS_SWIGLU_LIMIT = 7.0  # llama.cpp hard-codes gpt-oss's clamp (its converter stores no swiglu_limit)
+_GPT_OSS_SWA_PERIOD = 2  # llama.cpp hard-codes gpt-oss's layers: even ones sliding, odd ones full
 _GEMMA = ("gemma2", "gemma3")
 _GEMMA_27B_BLOCKS = {"gemma2": 46, "gemma3": 62}  # llama.cpp's test for its 27B attention scale
 
@@ -95,6 +113,7 @@ _ARCH_CONFIG_KEYS = {
         "final_logit_softcapping": "final_logit_softcapping",
     },
     "olmoe": {"attention.clamp_kqv": "clip_qkv"},
+    "gpt-oss": {"attention.sliding_window": "sliding_window"},
 }
 _TOKEN_ID_KEYS = {
     "tokenizer.ggml.bos_token_id": "bos_token_id",
@@ -139,7 +158,11 @@ _ARCH_BLOCK_TENSORS = {
     "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
     "gemma2": _GEMMA_NORMS,
     "gemma3": _GEMMA_NORMS,
+    # gpt-oss: the norm before the MoE block is post_attention_norm; the sinks are blk.N.attn_sinks.weight
+    "gpt-oss": {"post_attention_norm": "post_attention_layernorm", "attn_sinks": "self_attn.sinks"},
 }
+# Hugging Face parameters named without a .weight/.bias suffix (their GGUF tensor has one)
+_BARE_PARAMETERS = ("self_attn.sinks",)
 # tensors that are configuration, not weights (read into the config, never loaded)
 _CONFIG_TENSORS = ("rope_factors_long.weight", "rope_factors_short.weight")
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
@@ -159,6 +182,8 @@ def hf_tensor_name(gguf_name: str, arch: str = "llama", expert: int | None = Non
             return f"model.layers.{idx}.mlp.experts.{expert}.{_STACKED_EXPERTS[part]}.{kind}"
         block = {**_BLOCK_TENSORS, **_ARCH_BLOCK_TENSORS.get(arch, {})}
         if part in block:
+            if block[part] in _BARE_PARAMETERS:
+                return f"model.layers.{idx}.{block[part]}"
             return f"model.layers.{idx}.{block[part]}.{kind}"
     else:
         base, _, kind = gguf_name.rpartition(".")
@@ -256,7 +281,9 @@ class GGUFCheckpoint:
             if tokens is not None:
                 kwargs["vocab_size"] = len(tokens.data)
         scaling_type = self._field(f"{self.arch}.rope.scaling.type")
-        if scaling_type and scaling_type != "none":
+        if self.arch == "gpt-oss":
+            self._gpt_oss_config(kwargs)
+        elif scaling_type and scaling_type != "none":
             scaling: dict[str, Any] = {"rope_type": scaling_type}
             factor = self._field(f"{self.arch}.rope.scaling.factor")
             if factor is not None:
@@ -285,7 +312,7 @@ class GGUFCheckpoint:
         kwargs["num_experts_per_tok"] = int(used)
         norm = self._field(f"{arch}.expert_weights_norm")
         norm_topk = _MOE_NORM_TOPK.get(arch, False) if norm is None else bool(norm)
-        if model_type == "mixtral":
+        if model_type in ("mixtral", "gpt_oss"):
             kwargs["num_local_experts"] = experts
             if expert_ff:
                 kwargs["intermediate_size"] = int(expert_ff)
@@ -350,7 +377,13 @@ class GGUFCheckpoint:
             kwargs["query_pre_attn_scalar"] = kwargs["hidden_size"] // kwargs["num_attention_heads"]
         elif "head_dim" in kwargs:
             kwargs["query_pre_attn_scalar"] = kwargs["head_dim"]
-        pattern = self._field(f"{self.arch}.attention.sliding_window_pattern")
+        self._layer_types(kwargs)
+
+    def _layer_types(self, kwargs: dict[str, Any], default_period: int | None = None) -> None:
+        """``layer_types`` from ``attention.sliding_window_pattern`` (a period N: every N-th layer
+        full, the others sliding; or one flag per layer, true = sliding), else from
+        ``default_period`` (what llama.cpp hard-codes for the architecture) when given."""
+        pattern = self._field(f"{self.arch}.attention.sliding_window_pattern", default_period)
         layers = kwargs.get("num_hidden_layers")
         if pattern is not None and layers:
             if isinstance(pattern, (list, tuple)):
@@ -359,6 +392,43 @@ class GGUFCheckpoint:
                 kwargs["layer_types"] = [
                     "sliding_attention" if (i + 1) % int(pattern) else "full_attention" for i in range(layers)
                 ]
+
+    def _gpt_oss_config(self, kwargs: dict[str, Any]) -> None:
+        """gpt-oss's fields (see the module docstring): the sliding/full layers, YaRN as
+        ``rope_parameters``, the SwiGLU clamp, biased attention."""
+        arch = self.arch
+        self._layer_types(kwargs, default_period=_GPT_OSS_SWA_PERIOD)
+        rope: dict[str, Any] = {"rope_type": "default"}
+        scaling_type = self._field(f"{arch}.rope.scaling.type")
+        if scaling_type == "yarn":
+            # truncate=False: the published models' YaRN ramp is not rounded to whole dimensions
+            rope = {"rope_type": "yarn", "truncate": False}
+            for key, attr in (("factor", "factor"), ("original_context_length", "original_max_position_embeddings"),
+                              ("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow"),
+                              ("yarn_attn_factor", "attention_factor")):
+                value = self._field(f"{arch}.rope.scaling.{key}")
+                if value is not None:
+                    rope[attr] = int(value) if key == "original_context_length" else float(value)
+        elif scaling_type not in (None, "none"):
+            raise ValueError(
+                f"{self.path} sets {arch}.rope.scaling.type = {scaling_type!r}; gpt-oss uses 'yarn' (or none)"
+            )
+        theta = kwargs.pop("rope_theta", None)
+        if theta is not None:
+            rope["rope_theta"] = float(theta)
+        kwargs["rope_parameters"] = rope
+        clamp = self._field(f"{arch}.swiglu_clamp_exp")
+        if clamp is None:
+            kwargs["swiglu_limit"] = _GPT_OSS_SWIGLU_LIMIT
+        else:
+            limits = {float(v) for v in (clamp if isinstance(clamp, (list, tuple)) else [clamp])}
+            if len(limits) != 1:
+                raise ValueError(
+                    f"{self.path} has per-layer {arch}.swiglu_clamp_exp {sorted(limits)}; GptOssForCausalLM "
+                    "takes one swiglu_limit for every layer"
+                )
+            kwargs["swiglu_limit"] = limits.pop()
+        kwargs["attention_bias"] = True
 
     def tensor_types(self) -> dict[str, int]:
         """Hugging Face tensor name -> its GGUF quantization type (no data is read)."""
@@ -418,6 +488,13 @@ class GGUFCheckpoint:
         qtype = int(tensor.tensor_type)
         cols = int(tensor.shape[0])  # GGUF lists dims innermost first
         data = tensor.data  # numpy [E, rows, cols] (float) or [E, rows, row_bytes] (blocks)
+        if tensor.name.endswith(".bias"):  # gpt-oss: [E, rows], float
+            if data.ndim != 2 or qtype not in _FLOAT_QTYPES:
+                raise ValueError(f"GGUF tensor {tensor.name!r} should stack the experts' float biases in 2 dimensions, not {data.shape}")
+            for expert in range(data.shape[0]):
+                array = np.asarray(dequantize(data[expert], tensor.tensor_type), dtype=np.float32)
+                yield hf_tensor_name(tensor.name, self.arch, expert), torch.from_numpy(np.array(array, order="C")).to(dtype)
+            return
         if data.ndim != 3:
             raise ValueError(f"GGUF tensor {tensor.name!r} should stack the experts in 3 dimensions, not {data.shape}")
         for expert in range(data.shape[0]):
