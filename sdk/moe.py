@@ -15,6 +15,7 @@ from host.core.moe.fused_experts import (
     expert_groups,
     fused_experts,
     fused_experts_sorted,
+    run_sorted_experts,
 )
 from host.core.moe.router import select_experts
 
@@ -26,5 +27,6 @@ __all__ = [
     "expert_groups",
     "fused_experts",
     "fused_experts_sorted",
+    "run_sorted_experts",
     "select_experts",
 ]

@@ -26,7 +26,7 @@ for the benchmark (``bench/moe.py``).
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -68,12 +68,32 @@ def fused_experts_sorted(
     limit: float,
 ) -> torch.Tensor:
     """The reference (any device): token-choices sorted by expert, each expert hit once."""
+    return run_sorted_experts(
+        x, topk_weights, topk_ids, w13.shape[0],
+        lambda e, xs: torch.nn.functional.linear(xs, w13[e], None if w13_bias is None else w13_bias[e]),
+        lambda e, a: torch.nn.functional.linear(a, w2[e], None if w2_bias is None else w2_bias[e]),
+        activation, alpha, limit,
+    )
+
+
+def run_sorted_experts(
+    x: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    num_experts: int,
+    gate_up: Callable[[int, torch.Tensor], torch.Tensor],
+    down: Callable[[int, torch.Tensor], torch.Tensor],
+    activation: str,
+    alpha: float,
+    limit: float,
+) -> torch.Tensor:
+    """The sorted references' loop, whatever the weights' format: for each expert hit (ascending),
+    ``gate_up(expert, its rows of x) -> [n, 2I]`` (bias included), the activation,
+    ``down(expert, a) -> [n, H]`` (bias included), scaled by the routing weights and added to the
+    tokens' rows."""
     out = torch.zeros_like(x)
-    for expert, rows, weights in expert_groups(topk_ids, topk_weights, w13.shape[0]):
-        h = torch.nn.functional.linear(x[rows], w13[expert], None if w13_bias is None else w13_bias[expert])
-        y = torch.nn.functional.linear(
-            apply_activation(h, activation, alpha, limit), w2[expert], None if w2_bias is None else w2_bias[expert]
-        )
+    for expert, rows, weights in expert_groups(topk_ids, topk_weights, num_experts):
+        y = down(expert, apply_activation(gate_up(expert, x[rows]), activation, alpha, limit))
         out.index_add_(0, rows, (y * weights[:, None].to(y.dtype)).to(out.dtype))
     return out
 

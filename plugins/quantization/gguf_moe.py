@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from host.plugins.quantization import ops
 from host.plugins.quantization.gguf_blocks import BLOCKS, F32, NAMES
 from host.sdk.kernels import kernel_for
-from host.sdk.moe import apply_activation, expert_groups, fused_experts
+from host.sdk.moe import fused_experts, run_sorted_experts
 from host.sdk.quantization import MoEMethod
 
 OP = "gguf_fused_moe"
@@ -66,19 +66,17 @@ def gguf_fused_experts_sorted(
     """The reference (any device): token-choices sorted by expert; per expert hit, its tokens
     through ``gguf_linear`` for gate+up (two calls when ``w3`` holds the up rows), the
     activation, then ``gguf_linear`` for down, scaled by the routing weights and summed."""
-    out = torch.zeros_like(x)
-    for expert, rows, weights in expert_groups(topk_ids, topk_weights, w13.shape[0]):
-        xs = x[rows]
+    def gate_up(expert: int, xs: torch.Tensor) -> torch.Tensor:
         h = _expert_linear(xs, w13[expert], w13_qtype, q8)
         if w3 is not None:
             h = torch.cat([h, _expert_linear(xs, w3[expert], w3_qtype, q8)], dim=-1)
-        if w13_bias is not None:
-            h = h + w13_bias[expert].to(h.dtype)
-        y = _expert_linear(apply_activation(h, activation, alpha, limit), w2[expert], w2_qtype, q8)
-        if w2_bias is not None:
-            y = y + w2_bias[expert].to(y.dtype)
-        out.index_add_(0, rows, (y * weights[:, None].to(y.dtype)).to(out.dtype))
-    return out
+        return h if w13_bias is None else h + w13_bias[expert].to(h.dtype)
+
+    def down(expert: int, a: torch.Tensor) -> torch.Tensor:
+        y = _expert_linear(a, w2[expert], w2_qtype, q8)
+        return y if w2_bias is None else y + w2_bias[expert].to(y.dtype)
+
+    return run_sorted_experts(x, topk_weights, topk_ids, w13.shape[0], gate_up, down, activation, alpha, limit)
 
 
 @torch.library.custom_op("host_quant::gguf_fused_experts", mutates_args=())
