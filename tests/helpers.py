@@ -144,6 +144,59 @@ def hf_greedy_logprobs(model, prompt: list[int], n: int) -> tuple[list[int], lis
     return tokens, [torch.log_softmax(s[0].float(), -1)[t].item() for s, t in zip(out.scores, tokens)]
 
 
+def random_ids(n: int, seed: int, vocab: int):
+    """``n`` token ids in ``[3, vocab)`` from a seeded generator (a tensor)."""
+    import torch
+
+    return torch.randint(3, vocab, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def assert_engine_matches_hf(llm, hf, vocab: int, max_tokens: int = 8) -> None:
+    """Through ``llm``: one prompt, then two more — one sharing its 24-token prefix (which must
+    come from the prefix cache) and one of its own — each giving ``hf``'s greedy tokens with
+    logprobs within 1e-4 (``llm`` built with a small step budget exercises chunked prefill)."""
+    from host import SamplingParams
+
+    prefix = random_ids(24, 5, vocab).tolist()
+    prompts = [prefix + random_ids(n, 10 + n, vocab).tolist() for n in (3, 17)] + [random_ids(13, 4, vocab).tolist()]
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, logprobs=0)
+    first = llm.generate([{"prompt_token_ids": prompts[0]}], params)
+    rest = llm.generate([{"prompt_token_ids": p} for p in prompts[1:]], params)
+    assert rest[0].num_cached_tokens == 24
+    for out, prompt in zip(first + rest, prompts):
+        tokens, logprobs = hf_greedy_logprobs(hf, prompt, max_tokens)
+        assert out.outputs[0].token_ids == tokens
+        ours = [lp[t].logprob for lp, t in zip(out.outputs[0].logprobs, tokens)]
+        assert max(abs(a - b) for a, b in zip(ours, logprobs)) < 1e-4
+
+
+def random_gpt_oss(config_kwargs: dict, seed: int = 0, gate_up_scale: float = 1.0):
+    """A random transformers gpt-oss: norms moved off 1, visible sinks (std 1.5), random biases,
+    routers with clear choices (the same experts in every run), the experts' gate/up weights
+    times ``gate_up_scale`` (to make the SwiGLU clamp cut in)."""
+    import torch
+    import transformers
+
+    config = transformers.GptOssConfig(**config_kwargs)
+    config.architectures = ["GptOssForCausalLM"]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = transformers.GptOssForCausalLM(config).eval()
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    param.copy_(1.0 + 0.1 * torch.randn_like(param))
+                elif name.endswith("sinks"):
+                    param.copy_(1.5 * torch.randn_like(param))
+                elif ".router." in name:
+                    param.mul_(20.0)
+                elif name.endswith("gate_up_proj"):
+                    param.mul_(gate_up_scale)
+                elif name.endswith("bias"):
+                    param.copy_(0.1 * torch.randn_like(param))
+    return model
+
+
 def metric_total(url: str, suffix: str) -> float:
     """The sum over labels of the ``*:<suffix>`` samples a server's ``/metrics`` shows (whatever
     the prefix); fails when there is none."""

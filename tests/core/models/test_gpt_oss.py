@@ -17,8 +17,8 @@ import torch
 import transformers
 from safetensors.torch import save_file
 
-from helpers import hf_greedy_logprobs, hf_model
-from host import LLM, SamplingParams
+from helpers import assert_engine_matches_hf, hf_model, random_gpt_oss, random_ids
+from host import LLM
 from host.core.config import LoadConfig, ModelConfig
 from host.core.kv_cache.spec import FullAttentionSpec, SlidingWindowSpec
 from host.core.models.gpt_oss import FP4_E2M1_VALUES, MXFP4_BLOCK, dequantize_mxfp4
@@ -38,23 +38,8 @@ CONFIG = dict(
 
 
 def tiny_gpt_oss(path: str, seed: int = 0) -> transformers.GptOssForCausalLM:
-    """A random gpt-oss saved at ``path``: visible sinks (std 1.5), random biases, routers with
-    clear choices (the same experts in both runs), swiglu_limit 1.5 so the clamp is active."""
-    config = transformers.GptOssConfig(**CONFIG)
-    config.architectures = ["GptOssForCausalLM"]
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = transformers.GptOssForCausalLM(config).eval()
-        with torch.no_grad():
-            for name, param in model.named_parameters():
-                if name.endswith("norm.weight"):
-                    param.copy_(1.0 + 0.1 * torch.randn_like(param))
-                elif name.endswith("sinks"):
-                    param.copy_(1.5 * torch.randn_like(param))
-                elif ".router." in name:
-                    param.mul_(20.0)
-                elif name.endswith("bias"):
-                    param.copy_(0.1 * torch.randn_like(param))
+    """A random gpt-oss (``random_gpt_oss``) saved at ``path``; swiglu_limit 1.5 keeps the clamp active."""
+    model = random_gpt_oss(CONFIG, seed)
     model.save_pretrained(path)
     return model
 
@@ -67,7 +52,7 @@ def checkpoint(tmp_path_factory) -> tuple[str, Any]:
 
 
 def _ids(n: int, seed: int) -> torch.Tensor:
-    return torch.randint(3, VOCAB, (n,), generator=torch.Generator().manual_seed(seed))
+    return random_ids(n, seed, VOCAB)
 
 
 def test_logits_match_transformers(checkpoint) -> None:
@@ -111,17 +96,7 @@ def _engine_matches(path: str, hf: Any, backend: str | None) -> None:
     assert all(s.sliding_window == WINDOW for s in specs if isinstance(s, SlidingWindowSpec))
     impls = {type(layer.self_attn.attn.impl).__name__ for layer in runner.model.model.layers}
     assert impls == {"CpuPagedAttentionImpl" if backend in (None, "cpu_paged") else "TorchPagedAttentionImpl"}
-    prefix = _ids(24, seed=5).tolist()
-    prompts = [prefix + _ids(n, seed=10 + n).tolist() for n in (3, 17)] + [_ids(13, seed=4).tolist()]
-    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=0)
-    first = llm.generate([{"prompt_token_ids": prompts[0]}], params)
-    rest = llm.generate([{"prompt_token_ids": p} for p in prompts[1:]], params)
-    assert rest[0].num_cached_tokens == 24
-    for out, prompt in zip(first + rest, prompts):
-        tokens, logprobs = hf_greedy_logprobs(hf, prompt, 8)
-        assert out.outputs[0].token_ids == tokens
-        ours = [lp[t].logprob for lp, t in zip(out.outputs[0].logprobs, tokens)]
-        assert max(abs(a - b) for a, b in zip(ours, logprobs)) < 1e-4
+    assert_engine_matches_hf(llm, hf, VOCAB)
 
 
 @pytest.mark.parametrize("backend", [None, "torch_paged"])

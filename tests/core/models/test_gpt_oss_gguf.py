@@ -15,7 +15,7 @@ import pytest
 import torch
 import transformers
 
-from helpers import hf_greedy
+from helpers import hf_greedy, random_gpt_oss
 from host import LLM, SamplingParams
 from host.core.config import LoadConfig, ModelConfig
 from host.core.models.gguf_file import GGUFCheckpoint
@@ -39,25 +39,8 @@ CONFIG = dict(
 
 
 def _hf() -> transformers.GptOssForCausalLM:
-    """Visible sinks, random biases, routers with clear choices, and gate/up projections large
-    enough that llama.cpp's clamp (7.0) cuts in."""
-    config = transformers.GptOssConfig(**CONFIG)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = transformers.GptOssForCausalLM(config).eval()
-        with torch.no_grad():
-            for name, param in model.named_parameters():
-                if name.endswith("norm.weight"):
-                    param.copy_(1.0 + 0.1 * torch.randn_like(param))
-                elif name.endswith("sinks"):
-                    param.copy_(1.5 * torch.randn_like(param))
-                elif ".router." in name:
-                    param.mul_(20.0)
-                elif name.endswith("gate_up_proj"):
-                    param.mul_(8.0)
-                elif name.endswith("bias"):
-                    param.copy_(0.1 * torch.randn_like(param))
-    return model
+    """``random_gpt_oss`` with gate/up projections large enough that llama.cpp's clamp (7.0) cuts in."""
+    return random_gpt_oss(CONFIG, gate_up_scale=8.0)
 
 
 def _requantized(w: np.ndarray, qtype: int) -> tuple[np.ndarray, np.ndarray]:

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from helpers import MOE_CASES as CASES
-from helpers import hf_greedy_logprobs, hf_model, tiny_moe
-from host import LLM, SamplingParams
+from helpers import assert_engine_matches_hf, hf_model, random_ids, tiny_moe
+from host import LLM
 from host.core.config import LoadConfig, ModelConfig
 from host.core.models.loader import load_model
 from host.core.moe.layer import FusedMoE
@@ -29,7 +29,7 @@ def checkpoints(tmp_path_factory) -> dict[str, tuple[str, Any]]:
 
 
 def _ids(n: int, seed: int) -> torch.Tensor:
-    return torch.randint(3, VOCAB, (n,), generator=torch.Generator().manual_seed(seed))
+    return random_ids(n, seed, VOCAB)
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -52,14 +52,4 @@ def test_engine_greedy_and_logprobs_match_transformers(checkpoints, case: str) -
     path, hf = checkpoints[case]
     llm = LLM(path, skip_tokenizer_init=True, max_model_len=96, block_size=8, max_num_batched_tokens=16,
               max_num_seqs=4, enable_prefix_caching=True, enable_chunked_prefill=True)
-    prefix = _ids(24, seed=5).tolist()
-    prompts = [prefix + _ids(n, seed=10 + n).tolist() for n in (3, 17)] + [_ids(13, seed=4).tolist()]
-    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=0)
-    first = llm.generate([{"prompt_token_ids": prompts[0]}], params)
-    rest = llm.generate([{"prompt_token_ids": p} for p in prompts[1:]], params)
-    assert rest[0].num_cached_tokens == 24
-    for out, prompt in zip(first + rest, prompts):
-        tokens, logprobs = hf_greedy_logprobs(hf, prompt, 8)
-        assert out.outputs[0].token_ids == tokens
-        ours = [lp[t].logprob for lp, t in zip(out.outputs[0].logprobs, tokens)]
-        assert max(abs(a - b) for a, b in zip(ours, logprobs)) < 1e-4
+    assert_engine_matches_hf(llm, hf, VOCAB)
