@@ -20,8 +20,6 @@ of ``fused_moe`` on the input's device type: a platform offers a faster one thro
 ``host_offer_kernels`` (the CPU platform's C++ kernel, Triton's on GPUs); :func:`fused_experts_sorted`
 below is the core's reference for every device (``"*"``). It sorts the token-choices by expert
 and streams each expert's weights once for all its tokens (two GEMMs per expert hit).
-:func:`fused_experts_loop` is the naive per-expert masking loop the reference models run, kept
-for the benchmark (``bench/moe.py``).
 """
 
 from __future__ import annotations
@@ -119,20 +117,6 @@ def expert_groups(
             groups.append((expert, tokens[start : start + n], weights[start : start + n]))
             start += n
     return groups
-
-
-def fused_experts_loop(
-    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-    activation: str = "silu",
-) -> torch.Tensor:
-    """The reference models' loop: one boolean mask and ``where`` per expert hit (benchmark baseline)."""
-    out = torch.zeros_like(x)
-    for expert in torch.unique(topk_ids[topk_ids >= 0]).tolist():
-        token_idx, slot = torch.where(topk_ids == expert)
-        h = torch.nn.functional.linear(x[token_idx], w13[expert])
-        y = torch.nn.functional.linear(apply_activation(h, activation, 1.702, 7.0), w2[expert])
-        out.index_add_(0, token_idx, y * topk_weights[token_idx, slot, None].to(y.dtype))
-    return out
 
 
 @torch.library.custom_op("host_moe::fused_experts", mutates_args=())
